@@ -1,0 +1,47 @@
+package domain
+
+import (
+	"math"
+	"strings"
+)
+
+// Money amounts are integer minor units (cents for EUR, yen for JPY) of one
+// ISO 4217 currency; there are no floats anywhere in the service.
+
+// iso4217 holds the active ISO 4217 alphabetic codes (list one of the standard,
+// less funds and precious metals).
+var iso4217 = func() map[string]bool {
+	const codes = `AED AFN ALL AMD ANG AOA ARS AUD AWG AZN BAM BBD BDT BGN BHD BIF BMD BND BOB BRL
+BSD BTN BWP BYN BZD CAD CDF CHF CLP CNY COP CRC CUC CUP CVE CZK DJF DKK DOP DZD EGP ERN ETB EUR
+FJD FKP GBP GEL GHS GIP GMD GNF GTQ GYD HKD HNL HTG HUF IDR ILS INR IQD IRR ISK JMD JOD JPY KES
+KGS KHR KMF KPW KRW KWD KYD KZT LAK LBP LKR LRD LSL LYD MAD MDL MGA MKD MMK MNT MOP MRU MUR MVR
+MWK MXN MYR MZN NAD NGN NIO NOK NPR NZD OMR PAB PEN PGK PHP PKR PLN PYG QAR RON RSD RUB RWF SAR
+SBD SCR SDG SEK SGD SHP SLE SOS SRD SSP STN SVC SYP SZL THB TJS TMT TND TOP TRY TTD TWD TZS UAH
+UGX USD UYU UZS VES VED VND VUV WST XAF XCD XCG XOF XPF YER ZAR ZMW ZWG`
+	m := make(map[string]bool)
+	for _, c := range strings.Fields(codes) {
+		m[c] = true
+	}
+	return m
+}()
+
+// ValidCurrency reports whether code is an active ISO 4217 code, in upper case.
+func ValidCurrency(code string) bool { return iso4217[code] }
+
+// mulAmount returns a*b, or ok=false if the product of two non-negative
+// amounts does not fit in an int64.
+func mulAmount(a, b int64) (int64, bool) {
+	if a != 0 && b > math.MaxInt64/a {
+		return 0, false
+	}
+	return a * b, true
+}
+
+// addAmount returns a+b, or ok=false if the sum of two non-negative amounts
+// does not fit in an int64.
+func addAmount(a, b int64) (int64, bool) {
+	if a > math.MaxInt64-b {
+		return 0, false
+	}
+	return a + b, true
+}

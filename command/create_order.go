@@ -1,0 +1,66 @@
+package command
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+)
+
+// CreateOrder places a new order. Its JSON encoding (the embedded NewOrder) is
+// the canonical form that the idempotency fingerprint is computed from.
+type CreateOrder struct {
+	TenantID string `json:"-"`
+	// Key is the Idempotency-Key of the request. The order keeps it for good,
+	// so no later retry can create a second order, even after the key row
+	// expired.
+	Key string `json:"-"`
+	domain.NewOrder
+}
+
+// CreateOrderHandler handles CreateOrder.
+type CreateOrderHandler struct {
+	now func() time.Time
+}
+
+// NewCreateOrderHandler returns a CreateOrderHandler on the wall clock.
+func NewCreateOrderHandler() CreateOrderHandler {
+	return CreateOrderHandler{now: now}
+}
+
+// Handle creates the order, its items and its order.created event in tx. It
+// returns a KindInvalid *domain.Error for a command that breaks a rule and a
+// KindConflict *domain.Error (with the existing order's id) if an order was
+// created with the same key before; in both cases it has written nothing.
+func (h CreateOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd CreateOrder) (domain.Order, error) {
+	order, created, err := domain.CreateOrder(newID(), cmd.TenantID, cmd.NewOrder, h.now())
+	if err != nil {
+		return domain.Order{}, err
+	}
+	existing, err := orderInsert(ctx, tx, order, cmd.Key)
+	if err != nil {
+		return domain.Order{}, err
+	}
+	if existing != uuid.Nil {
+		return domain.Order{}, &domain.Error{
+			Kind:       domain.KindConflict,
+			Message:    "an order was already created with this Idempotency-Key; its key record has expired",
+			ResourceID: existing.String(),
+		}
+	}
+	if err := outboxAppend(ctx, tx, order, created); err != nil {
+		return domain.Order{}, fmt.Errorf("create order: %w", err)
+	}
+	return order, nil
+}
+
+// now is the service's clock, truncated to what PostgreSQL stores, so a
+// response and a later read of the same order show the same instants.
+func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+// newID returns a UUIDv7: time-ordered, so inserts land at the right of the index.
+func newID() uuid.UUID { return uuid.Must(uuid.NewV7()) }

@@ -1,0 +1,253 @@
+package command
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/postgres"
+)
+
+// FingerprintVersion names the canonical form that fingerprints are computed
+// from. It is stored with every key; a key is only compared with a request
+// fingerprinted the same way, so changing the canonical form (and bumping this)
+// never turns an honest retry of an old key into a mismatch.
+const FingerprintVersion = 1
+
+// KeyedRequest is one execution of an unsafe request under an Idempotency-Key.
+type KeyedRequest struct {
+	TenantID string
+	// Scope is the method and route template, e.g. "POST /v1/orders": the same
+	// key on another route is another key.
+	Scope string
+	Key   string
+	// Command is the validated command. Its JSON encoding is the canonical form
+	// of the request: field order and whitespace of the client's body do not
+	// matter, and unknown fields were refused before.
+	Command any
+}
+
+// Response is the outcome of an executed command as it is stored and replayed.
+type Response struct {
+	Status int
+	Header map[string]string
+	Body   []byte
+}
+
+// Result is what Do returns: the response, whether it is a replay of an
+// earlier execution, and when the key expires (by the database clock).
+type Result struct {
+	Response
+	Replayed  bool
+	ExpiresAt time.Time
+}
+
+// MismatchError is returned by Do when the key was first used with a
+// different request. Fields names the top-level fields of the command that
+// differ (empty if the difference could not be pinned down).
+type MismatchError struct {
+	Fields []string
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("idempotency key reused with a different request (fields %v)", e.Fields)
+}
+
+// ErrInFlight is returned by Do when another request with the same key is
+// still executing and did not finish within the wait bound. Retrying later
+// with the same key is safe.
+var ErrInFlight = errors.New("a request with this idempotency key is still in flight")
+
+// Executor runs a command inside the key's transaction and renders its
+// outcome. It returns an error only for failures that must not be stored (the
+// transaction is rolled back and the key left free for a retry). A refusal it
+// renders as a 4xx Response is stored and replayed, so it must decide to
+// refuse before it writes anything.
+type Executor func(ctx context.Context, tx pgx.Tx) (Response, error)
+
+// Idempotency runs commands at most once per (tenant, scope, key) and replays
+// the stored response to every retry. It is safe for any number of concurrent
+// callers in any number of processes sharing the database.
+type Idempotency struct {
+	db  postgres.Beginner
+	ttl time.Duration
+}
+
+// NewIdempotency returns an Idempotency whose keys live for ttl after creation.
+func NewIdempotency(db postgres.Beginner, ttl time.Duration) *Idempotency {
+	return &Idempotency{db: db, ttl: ttl}
+}
+
+// Do executes exec once for req, in one transaction with the key row, and
+// stores its response; or, if the key was used before with the same request,
+// returns the stored response with Replayed set. If a transaction holding the
+// same key is in flight, Do waits up to wait for it to end (then replays its
+// result, or executes if it rolled back), and returns ErrInFlight after that.
+// It returns a *MismatchError if the key was used with another request.
+func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Duration, exec Executor) (Result, error) {
+	canonical, err := json.Marshal(req.Command)
+	if err != nil {
+		return Result{}, fmt.Errorf("canonical form of %s: %w", req.Scope, err)
+	}
+	fp := fingerprint(req.Scope, canonical)
+
+	var res Result
+	err = postgres.InTx(ctx, s.db, func(tx pgx.Tx) error {
+		res = Result{}
+		if _, err := tx.Exec(ctx, keyLockTimeout, lockTimeout(wait)); err != nil {
+			return fmt.Errorf("set lock_timeout: %w", err)
+		}
+		// A key row found expired (the janitor has not removed it yet) is
+		// deleted and claimed anew; twice is enough for any race with it.
+		for range 3 {
+			var expiresAt time.Time
+			err := tx.QueryRow(ctx, keyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).Scan(&expiresAt)
+			switch {
+			case err == nil:
+				resp, err := exec(ctx, tx)
+				if err != nil {
+					return err
+				}
+				if resp.Status < 200 || resp.Status >= 500 {
+					return fmt.Errorf("executor returned status %d, which is never stored", resp.Status)
+				}
+				if _, err := tx.Exec(ctx, keyComplete, req.TenantID, req.Scope, req.Key, resp.Status, resp.Header, resp.Body); err != nil {
+					return fmt.Errorf("store response: %w", err)
+				}
+				res = Result{Response: resp, ExpiresAt: expiresAt}
+				return nil
+			case postgres.HasCode(err, postgres.CodeLockNotAvailable):
+				return ErrInFlight
+			case !errors.Is(err, pgx.ErrNoRows):
+				return fmt.Errorf("claim idempotency key: %w", err)
+			}
+
+			// The key exists and its transaction has ended: replay or refuse.
+			var k storedKey
+			err = tx.QueryRow(ctx, keyGet, req.TenantID, req.Scope, req.Key).Scan(
+				&k.fingerprint, &k.fingerprintVersion, &k.request, &k.status, &k.header, &k.body, &k.expiresAt, &k.expired)
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue // deleted by the janitor in between: claim it
+			}
+			if err != nil {
+				return fmt.Errorf("read idempotency key: %w", err)
+			}
+			if k.expired {
+				if _, err := tx.Exec(ctx, keyDeleteExpired, req.TenantID, req.Scope, req.Key); err != nil {
+					return fmt.Errorf("delete expired idempotency key: %w", err)
+				}
+				continue
+			}
+			same := bytes.Equal(k.fingerprint, fp)
+			if k.fingerprintVersion != FingerprintVersion {
+				// Written by a release with another canonical form: the stored
+				// fingerprint cannot be compared, the stored request can.
+				same = len(differingFields(k.request, canonical)) == 0
+			}
+			if !same {
+				return &MismatchError{Fields: differingFields(k.request, canonical)}
+			}
+			res = Result{
+				Response:  Response{Status: k.status, Header: k.header, Body: k.body},
+				Replayed:  true,
+				ExpiresAt: k.expiresAt,
+			}
+			return nil
+		}
+		return fmt.Errorf("idempotency key %q kept changing under us", req.Key)
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+type storedKey struct {
+	fingerprint        []byte
+	fingerprintVersion int16
+	request            []byte
+	status             int
+	header             map[string]string
+	body               []byte
+	expiresAt          time.Time
+	expired            bool
+}
+
+const (
+	keyLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+
+	// keyInsert claims the key. If a concurrent transaction holds an
+	// uncommitted row for it, this waits on the unique index (bounded by
+	// lock_timeout) and then inserts (that transaction rolled back) or returns
+	// no row (it committed).
+	keyInsert = `
+INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+ON CONFLICT (tenant_id, scope, key) DO NOTHING
+RETURNING expires_at`
+
+	keyComplete = `
+UPDATE idempotency_keys
+SET status_code = $4, response_headers = $5, response_body = $6
+WHERE tenant_id = $1 AND scope = $2 AND key = $3`
+
+	keyGet = `
+SELECT fingerprint, fingerprint_version, request, status_code, response_headers, response_body,
+       expires_at, expires_at <= now()
+FROM idempotency_keys
+WHERE tenant_id = $1 AND scope = $2 AND key = $3`
+
+	keyDeleteExpired = `
+DELETE FROM idempotency_keys
+WHERE tenant_id = $1 AND scope = $2 AND key = $3 AND expires_at <= now()`
+)
+
+// lockTimeout renders a wait bound for SET lock_timeout, where 0 would mean
+// "wait forever": the shortest bound is one millisecond.
+func lockTimeout(wait time.Duration) string {
+	return fmt.Sprintf("%dms", max(wait.Milliseconds(), 1))
+}
+
+// fingerprint is the SHA-256 of the scope and the canonical command.
+func fingerprint(scope string, canonical []byte) []byte {
+	h := sha256.New()
+	h.Write([]byte(scope))
+	h.Write([]byte{'\n'})
+	h.Write(canonical)
+	return h.Sum(nil)
+}
+
+// differingFields names the top-level fields whose values differ between two
+// canonical commands, in sorted order.
+func differingFields(stored, current []byte) []string {
+	a, b := topLevel(stored), topLevel(current)
+	var fields []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok || !reflect.DeepEqual(v, w) {
+			fields = append(fields, k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			fields = append(fields, k)
+		}
+	}
+	slices.Sort(fields)
+	return fields
+}
+
+func topLevel(doc []byte) map[string]any {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var m map[string]any
+	_ = dec.Decode(&m) // both sides are our own canonical JSON
+	return m
+}

@@ -1,0 +1,60 @@
+// Package health serves the liveness and readiness endpoints that every
+// process of the service exposes.
+package health
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Check reports whether one dependency is usable; nil means it is.
+type Check func(ctx context.Context) error
+
+// Register adds GET /healthz (the process is alive: always 200) and GET
+// /readyz (every check passes within two seconds: 200, else 503, with each
+// check's result in the JSON body) to mux.
+func Register(mux interface {
+	Get(pattern string, h http.HandlerFunc)
+}, checks map[string]Check) {
+	mux.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.Get("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		results := make(map[string]string, len(checks))
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		status := http.StatusOK
+		for name, check := range checks {
+			wg.Go(func() {
+				res := "ok"
+				if err := check(ctx); err != nil {
+					res = err.Error()
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				results[name] = res
+				if res != "ok" {
+					status = http.StatusServiceUnavailable
+				}
+			})
+		}
+		wg.Wait()
+		word := "ok"
+		if status != http.StatusOK {
+			word = "unavailable"
+		}
+		writeJSON(w, status, map[string]any{"status": word, "checks": results})
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

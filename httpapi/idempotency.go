@@ -1,0 +1,153 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/domain"
+)
+
+// maxKeyLen bounds an Idempotency-Key.
+const maxKeyLen = 255
+
+// idempotencyKey reads the Idempotency-Key header: exactly one value of 1 to
+// 255 printable ASCII characters. A value in double quotes (the sf-string form
+// of the IETF draft) is unquoted first, so "abc" and abc are the same key.
+func idempotencyKey(r *http.Request) (string, *Problem) {
+	bad := func(detail string) (string, *Problem) {
+		return "", problem(http.StatusBadRequest, "invalid-idempotency-key", "Invalid Idempotency-Key", detail)
+	}
+	values := r.Header.Values("Idempotency-Key")
+	switch {
+	case len(values) == 0:
+		return "", problem(http.StatusBadRequest, "missing-idempotency-key", "Idempotency-Key required",
+			"This request changes state: send an Idempotency-Key header with a unique value (a UUID is a good choice) and reuse it when you retry.")
+	case len(values) > 1:
+		return bad("Send exactly one Idempotency-Key header.")
+	}
+	key := values[0]
+	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
+		unq, ok := unquoteSFString(key)
+		if !ok {
+			return bad(`The quoted Idempotency-Key is not a valid structured-field string.`)
+		}
+		key = unq
+	}
+	switch {
+	case key == "":
+		return bad("The Idempotency-Key is empty.")
+	case len(key) > maxKeyLen:
+		return bad("The Idempotency-Key must be at most 255 characters.")
+	case !printableASCII(key):
+		return bad("The Idempotency-Key must consist of printable ASCII characters.")
+	}
+	return key, nil
+}
+
+// unquoteSFString decodes an RFC 8941 sf-string: "…" with \" and \\ escapes.
+func unquoteSFString(s string) (string, bool) {
+	s = s[1 : len(s)-1]
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '\\':
+			if i+1 == len(s) || (s[i+1] != '"' && s[i+1] != '\\') {
+				return "", false
+			}
+			i++
+			b.WriteByte(s[i])
+		case c == '"':
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), true
+}
+
+// keyWait is how long this request may wait for an in-flight request with its
+// key: the server's bound, or less if the client asks with "Prefer: wait=N"
+// (RFC 7240).
+func (s *Server) keyWait(r *http.Request) time.Duration {
+	wait := s.KeyWait
+	for _, v := range r.Header.Values("Prefer") {
+		for pref := range strings.SplitSeq(v, ",") {
+			name, val, ok := strings.Cut(strings.TrimSpace(pref), "=")
+			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			if n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`)); err == nil && n >= 0 {
+				wait = min(wait, time.Duration(n)*time.Second)
+			}
+		}
+	}
+	return wait
+}
+
+// keyed runs exec at most once for this request's Idempotency-Key and writes
+// the (stored or fresh) response. cmd must be validated: its JSON encoding
+// is the request's fingerprint.
+func (s *Server) keyed(w http.ResponseWriter, r *http.Request, key, scope string, cmd any, exec command.Executor) {
+	res, err := s.Idempotency.Do(r.Context(), command.KeyedRequest{
+		TenantID: tenantOf(r),
+		Scope:    scope,
+		Key:      key,
+		Command:  cmd,
+	}, s.keyWait(r), exec)
+	if err != nil {
+		writeProblem(w, r, s.Logger, problemFor(err), err)
+		return
+	}
+	h := w.Header()
+	for k, v := range res.Header {
+		h.Set(k, v)
+	}
+	if res.Replayed {
+		h.Set("Idempotent-Replayed", "true")
+	}
+	h.Set("Idempotency-Key-Expires", res.ExpiresAt.UTC().Format(http.TimeFormat))
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(res.Status)
+	_, _ = w.Write(res.Body)
+}
+
+// storedHeaders are the response headers that describe a result; only these
+// are stored and replayed (never cookies, auth or hop-by-hop headers).
+var storedHeaders = []string{"Content-Type", "Location", "ETag"}
+
+// jsonResponse renders a result to store and send.
+func jsonResponse(status int, v any, header map[string]string) (command.Response, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return command.Response{}, err
+	}
+	h := map[string]string{"Content-Type": "application/json"}
+	for _, k := range storedHeaders {
+		if v, ok := header[k]; ok {
+			h[k] = v
+		}
+	}
+	return command.Response{Status: status, Header: h, Body: b}, nil
+}
+
+// refusal renders a domain refusal (invalid, not found, conflict, …) of an
+// executed command to store and send; any other error is returned as is, so
+// it rolls the transaction back and is never stored.
+func refusal(r *http.Request, err error) (command.Response, error) {
+	if domain.KindOf(err) == "" {
+		return command.Response{}, err
+	}
+	p := problemFor(err)
+	p.Instance = r.URL.Path
+	p.RequestID = requestID(r.Context())
+	h := map[string]string{"Content-Type": "application/problem+json"}
+	if p.ResourceID != "" {
+		h["Location"] = orderLocation(p.ResourceID)
+	}
+	return command.Response{Status: p.Status, Header: h, Body: p.body()}, nil
+}

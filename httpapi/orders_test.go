@@ -1,0 +1,314 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/httpapi"
+	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/query"
+)
+
+const validBody = `{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":1250}]}`
+
+type api struct {
+	url string
+	db  *pgxpool.Pool
+}
+
+func newAPI(tb testing.TB) api {
+	tb.Helper()
+	db := testenv.DB(tb)
+	srv := httptest.NewServer(httpapi.New(httpapi.Deps{
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Idempotency: command.NewIdempotency(db, 24*time.Hour),
+		CreateOrder: command.NewCreateOrderHandler(),
+		GetOrder:    query.NewGetOrderHandler(db),
+	}))
+	tb.Cleanup(srv.Close)
+	return api{url: srv.URL, db: db}
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (a api) do(tb testing.TB, method, path string, header map[string]string, body string) response {
+	tb.Helper()
+	req, err := http.NewRequest(method, a.url+path, strings.NewReader(body))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return response{status: res.StatusCode, header: res.Header, body: b}
+}
+
+func (a api) post(tb testing.TB, key, body string) response {
+	tb.Helper()
+	h := map[string]string{}
+	if key != "" {
+		h["Idempotency-Key"] = key
+	}
+	return a.do(tb, http.MethodPost, "/v1/orders", h, body)
+}
+
+// counts returns the number of rows in the tables a create writes.
+func (a api) counts(tb testing.TB) (keys, orders, items, outbox int) {
+	tb.Helper()
+	err := a.db.QueryRow(context.Background(), `SELECT
+		(SELECT count(*) FROM idempotency_keys), (SELECT count(*) FROM orders),
+		(SELECT count(*) FROM order_items), (SELECT count(*) FROM outbox)`).Scan(&keys, &orders, &items, &outbox)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return
+}
+
+type problemJSON struct {
+	Type             string `json:"type"`
+	Title            string `json:"title"`
+	Status           int    `json:"status"`
+	Detail           string `json:"detail"`
+	MismatchedFields []string
+	Errors           []struct{ Field, Detail string }
+}
+
+func decodeProblem(tb testing.TB, r response) problemJSON {
+	tb.Helper()
+	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
+		tb.Fatalf("Content-Type = %q, want application/problem+json (body %s)", ct, r.body)
+	}
+	var p struct {
+		problemJSON
+		Mismatched []string `json:"mismatched_fields"`
+	}
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		tb.Fatalf("problem body %s: %v", r.body, err)
+	}
+	p.MismatchedFields = p.Mismatched
+	if p.Status != r.status {
+		tb.Fatalf("problem status %d != response status %d", p.Status, r.status)
+	}
+	return p.problemJSON
+}
+
+func TestCreateOrderRefusesBadInputAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	huge := `{"customer_id":"` + strings.Repeat("x", 1<<20) + `","currency":"EUR","items":[]}`
+	tests := []struct {
+		name        string
+		header      map[string]string
+		body        string
+		status      int
+		problemType string
+		fields      []string
+	}{
+		{"missing key", nil, validBody, 400, "missing-idempotency-key", nil},
+		{"empty key", map[string]string{"Idempotency-Key": ""}, validBody, 400, "invalid-idempotency-key", nil},
+		{"empty quoted key", map[string]string{"Idempotency-Key": `""`}, validBody, 400, "invalid-idempotency-key", nil},
+		{"key of 256 chars", map[string]string{"Idempotency-Key": strings.Repeat("k", 256)}, validBody, 400, "invalid-idempotency-key", nil},
+		{"key with control char", map[string]string{"Idempotency-Key": "a\tb"}, validBody, 400, "invalid-idempotency-key", nil},
+		{"key with non-ascii", map[string]string{"Idempotency-Key": "clé"}, validBody, 400, "invalid-idempotency-key", nil},
+		{"bad json", map[string]string{"Idempotency-Key": "k1"}, `{"customer_id":`, 400, "malformed-request", nil},
+		{"not an object", map[string]string{"Idempotency-Key": "k1"}, `[1,2]`, 400, "malformed-request", nil},
+		{"empty body", map[string]string{"Idempotency-Key": "k1"}, ``, 400, "malformed-request", nil},
+		{"trailing data", map[string]string{"Idempotency-Key": "k1"}, validBody + `{}`, 400, "malformed-request", nil},
+		{"unknown field", map[string]string{"Idempotency-Key": "k1"}, `{"customer_id":"c","currency":"EUR","items":[],"discount":5}`, 400, "malformed-request", []string{"discount"}},
+		{"wrong type", map[string]string{"Idempotency-Key": "k1"}, `{"customer_id":"c","currency":"EUR","items":[{"sku":"s","quantity":1.5,"unit_price":1}]}`, 400, "malformed-request", []string{"items.quantity"}},
+		{"number too big", map[string]string{"Idempotency-Key": "k1"}, `{"customer_id":"c","currency":"EUR","items":[{"sku":"s","quantity":1,"unit_price":99999999999999999999}]}`, 400, "malformed-request", []string{"items.unit_price"}},
+		{"wrong content type", map[string]string{"Idempotency-Key": "k1", "Content-Type": "text/plain"}, validBody, 415, "unsupported-media-type", nil},
+		{"validation", map[string]string{"Idempotency-Key": "k1"}, `{"customer_id":"","currency":"eur","items":[{"sku":"","quantity":0,"unit_price":-1}]}`, 422, "validation-failed",
+			[]string{"customer_id", "currency", "items[0].sku", "items[0].quantity", "items[0].unit_price"}},
+		{"no items", map[string]string{"Idempotency-Key": "k1"}, `{"customer_id":"c","currency":"EUR","items":[]}`, 422, "validation-failed", []string{"items"}},
+		{"body over 1 MiB", map[string]string{"Idempotency-Key": "k1"}, huge, 413, "body-too-large", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := a.do(t, http.MethodPost, "/v1/orders", tt.header, tt.body)
+			if res.status != tt.status {
+				t.Fatalf("status = %d, want %d; body %s", res.status, tt.status, res.body)
+			}
+			p := decodeProblem(t, res)
+			if want := "https://orders.acme.example/problems/" + tt.problemType; p.Type != want {
+				t.Fatalf("type = %q, want %q", p.Type, want)
+			}
+			var fields []string
+			for _, f := range p.Errors {
+				fields = append(fields, f.Field)
+			}
+			if fmt.Sprint(fields) != fmt.Sprint(tt.fields) {
+				t.Fatalf("fields = %v, want %v", fields, tt.fields)
+			}
+		})
+	}
+	if keys, orders, items, outbox := a.counts(t); keys+orders+items+outbox != 0 {
+		t.Fatalf("bad input wrote rows: keys=%d orders=%d items=%d outbox=%d", keys, orders, items, outbox)
+	}
+}
+
+func TestCreateOrderThenReplayThenMismatch(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+
+	first := a.post(t, "key-1", validBody)
+	if first.status != http.StatusCreated {
+		t.Fatalf("create: status %d, body %s", first.status, first.body)
+	}
+	var o struct {
+		ID         string `json:"id"`
+		CustomerID string `json:"customer_id"`
+		Status     string `json:"status"`
+		Currency   string `json:"currency"`
+		Items      []struct {
+			SKU       string `json:"sku"`
+			Quantity  int64  `json:"quantity"`
+			UnitPrice int64  `json:"unit_price"`
+			LineTotal int64  `json:"line_total"`
+		} `json:"items"`
+		Total     int64     `json:"total"`
+		Version   int64     `json:"version"`
+		CreatedAt time.Time `json:"created_at"`
+		UpdatedAt time.Time `json:"updated_at"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(first.body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&o); err != nil {
+		t.Fatalf("order JSON %s: %v", first.body, err)
+	}
+	if o.Status != "pending" || o.Total != 2500 || o.Version != 1 || len(o.Items) != 1 || o.Items[0].LineTotal != 2500 ||
+		o.CustomerID != "c-1" || o.Currency != "EUR" || o.CreatedAt.IsZero() || !o.CreatedAt.Equal(o.UpdatedAt) {
+		t.Fatalf("order = %+v", o)
+	}
+	if got, want := first.header.Get("Location"), "/v1/orders/"+o.ID; got != want {
+		t.Fatalf("Location = %q, want %q", got, want)
+	}
+	if got := first.header.Get("ETag"); got != `"1"` {
+		t.Fatalf("ETag = %q", got)
+	}
+	if first.header.Get("Idempotent-Replayed") != "" {
+		t.Fatal("first response marked as replayed")
+	}
+	if _, err := http.ParseTime(first.header.Get("Idempotency-Key-Expires")); err != nil {
+		t.Fatalf("Idempotency-Key-Expires = %q: %v", first.header.Get("Idempotency-Key-Expires"), err)
+	}
+
+	// Same key, same request (other field order and whitespace): replay.
+	reordered := `{ "items": [{"unit_price":1250, "quantity":2, "sku":"sku-1"}], "currency":"EUR", "customer_id":"c-1" }`
+	for _, body := range []string{validBody, reordered} {
+		replay := a.post(t, "key-1", body)
+		if replay.status != http.StatusCreated || !bytes.Equal(replay.body, first.body) {
+			t.Fatalf("replay: status %d, body %s; want 201 and %s", replay.status, replay.body, first.body)
+		}
+		for _, h := range []string{"Location", "ETag", "Content-Type"} {
+			if replay.header.Get(h) != first.header.Get(h) {
+				t.Fatalf("replayed %s = %q, want %q", h, replay.header.Get(h), first.header.Get(h))
+			}
+		}
+		if replay.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatal("replay lacks Idempotent-Replayed: true")
+		}
+	}
+	// The quoted (structured-field) form is the same key.
+	if replay := a.post(t, `"key-1"`, validBody); replay.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("quoted key not treated as the same key: %d %s", replay.status, replay.body)
+	}
+
+	// Same key, different request: 422 naming the differing fields.
+	other := `{"customer_id":"c-2","currency":"EUR","items":[{"sku":"sku-1","quantity":3,"unit_price":1250}]}`
+	mismatch := a.post(t, "key-1", other)
+	if mismatch.status != http.StatusUnprocessableEntity {
+		t.Fatalf("mismatch: status %d, body %s", mismatch.status, mismatch.body)
+	}
+	if p := decodeProblem(t, mismatch); !strings.HasSuffix(p.Type, "/idempotency-key-mismatch") ||
+		fmt.Sprint(p.MismatchedFields) != "[customer_id items]" {
+		t.Fatalf("mismatch problem = %+v", p)
+	}
+
+	if keys, orders, items, outbox := a.counts(t); keys != 1 || orders != 1 || items != 1 || outbox != 1 {
+		t.Fatalf("rows: keys=%d orders=%d items=%d outbox=%d, want 1 each", keys, orders, items, outbox)
+	}
+}
+
+func TestConcurrentCreatesWithOneKeyExecuteOnce(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	const n = 50
+	responses := make([]response, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			responses[i] = a.post(t, "same-key", validBody)
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	replayed := 0
+	for i, r := range responses {
+		if r.status != http.StatusCreated || !bytes.Equal(r.body, responses[0].body) {
+			t.Fatalf("response %d: status %d body %s; want 201 and %s", i, r.status, r.body, responses[0].body)
+		}
+		if r.header.Get("Idempotent-Replayed") == "true" {
+			replayed++
+		}
+	}
+	if replayed != n-1 {
+		t.Fatalf("%d responses replayed, want %d", replayed, n-1)
+	}
+	if keys, orders, items, outbox := a.counts(t); keys != 1 || orders != 1 || items != 1 || outbox != 1 {
+		t.Fatalf("rows: keys=%d orders=%d items=%d outbox=%d, want 1 each", keys, orders, items, outbox)
+	}
+}
+
+func TestGetOrderErrors(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	for _, tt := range []struct {
+		path   string
+		status int
+		typ    string
+	}{
+		{"/v1/orders/0193b1a8-7c2e-7000-8000-000000000001", 404, "not-found"},
+		{"/v1/orders/not-a-uuid", 400, "malformed-id"},
+		{"/v1/orders/0193b1a87c2e70008000000000000001", 400, "malformed-id"},
+		{"/v1/nothing", 404, "not-found"},
+	} {
+		res := a.do(t, http.MethodGet, tt.path, nil, "")
+		if res.status != tt.status {
+			t.Fatalf("GET %s: status %d, want %d", tt.path, res.status, tt.status)
+		}
+		if p := decodeProblem(t, res); !strings.HasSuffix(p.Type, "/"+tt.typ) {
+			t.Fatalf("GET %s: type %q, want …/%s", tt.path, p.Type, tt.typ)
+		}
+	}
+}

@@ -1,0 +1,99 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/domain"
+)
+
+// problemBase prefixes every problem type; the README lists them all.
+const problemBase = "https://orders.acme.example/problems/"
+
+// Problem is an RFC 9457 problem detail. Type is a stable URI per kind of
+// error, so clients branch on it, not on the prose.
+type Problem struct {
+	Type     string `json:"type"`
+	Title    string `json:"title"`
+	Status   int    `json:"status"`
+	Detail   string `json:"detail,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	// Errors lists the offending fields of a validation problem.
+	Errors []domain.FieldError `json:"errors,omitempty"`
+	// MismatchedFields names the request fields that differ from the request
+	// the Idempotency-Key was first used with.
+	MismatchedFields []string `json:"mismatched_fields,omitempty"`
+	// ResourceID identifies the existing resource a conflict refers to.
+	ResourceID string `json:"resource_id,omitempty"`
+	RequestID  string `json:"request_id,omitempty"`
+
+	header http.Header // extra response headers (Location, Retry-After)
+}
+
+func problem(status int, kind, title, detail string) *Problem {
+	return &Problem{Type: problemBase + kind, Title: title, Status: status, Detail: detail}
+}
+
+// problemFor maps an error to its problem: one table for every handler.
+// Unknown errors are internal: logged in full, answered with a generic 500.
+func problemFor(err error) *Problem {
+	var de *domain.Error
+	var mismatch *command.MismatchError
+	switch {
+	case errors.As(err, &mismatch):
+		p := problem(http.StatusUnprocessableEntity, "idempotency-key-mismatch", "Idempotency-Key reused with a different request",
+			"This Idempotency-Key was first used with a different request; use a new key for a new request.")
+		p.MismatchedFields = mismatch.Fields
+		return p
+	case errors.Is(err, command.ErrInFlight):
+		p := problem(http.StatusConflict, "idempotency-key-in-flight", "Request with this Idempotency-Key in flight",
+			"A request with this Idempotency-Key is still being processed; retry with the same key after Retry-After seconds.")
+		p.header = http.Header{"Retry-After": {"1"}}
+		return p
+	case errors.As(err, &de):
+		switch de.Kind {
+		case domain.KindInvalid:
+			p := problem(http.StatusUnprocessableEntity, "validation-failed", "Request failed validation", de.Message)
+			p.Errors = de.Fields
+			return p
+		case domain.KindNotFound:
+			return problem(http.StatusNotFound, "not-found", "Not found", de.Message)
+		case domain.KindConflict:
+			p := problem(http.StatusConflict, "conflict", "Conflict with the current state", de.Message)
+			p.ResourceID = de.ResourceID
+			return p
+		case domain.KindPreconditionFailed:
+			return problem(http.StatusPreconditionFailed, "precondition-failed", "Precondition failed", de.Message)
+		}
+	}
+	return problem(http.StatusInternalServerError, "internal", "Internal error",
+		"The server failed to handle the request; it has been logged with the request id.")
+}
+
+// body renders p as the bytes of a response.
+func (p *Problem) body() []byte {
+	b, err := json.Marshal(p)
+	if err != nil { // cannot happen: Problem holds only strings and ints
+		panic(err)
+	}
+	return b
+}
+
+// writeProblem sends p, logging server-side failures with their cause.
+func writeProblem(w http.ResponseWriter, r *http.Request, logger *slog.Logger, p *Problem, cause error) {
+	p.Instance = r.URL.Path
+	p.RequestID = requestID(r.Context())
+	if p.Status >= 500 {
+		logger.ErrorContext(r.Context(), "request failed", "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)
+	}
+	for k, v := range p.header {
+		w.Header()[k] = v
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(p.body())
+}

@@ -1,0 +1,33 @@
+package httpapi
+
+import (
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/acme/orders/health"
+)
+
+// Scopes of keyed commands: the method and route template. An
+// Idempotency-Key belongs to one scope.
+const scopeCreateOrder = "POST /v1/orders"
+
+func (s *Server) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(withRequestID, s.recoverer, s.logRequests)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, s.Logger, problem(http.StatusNotFound, "not-found", "Not found", "No such endpoint."), nil)
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, s.Logger, problem(http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed",
+			"This endpoint does not support "+r.Method+"."), nil)
+	})
+
+	health.Register(r, s.Checks)
+
+	r.Route("/v1", func(r chi.Router) {
+		r.Post("/orders", s.createOrder)
+		r.Get("/orders/{id}", s.getOrder)
+	})
+	return r
+}

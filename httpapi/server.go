@@ -1,0 +1,159 @@
+// Package httpapi is the service's HTTP interface: routes, JSON in and out,
+// problem+json errors and the Idempotency-Key header. It translates requests
+// into commands and queries and their results into responses; it decides
+// nothing itself.
+package httpapi
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/health"
+	"github.com/acme/orders/query"
+)
+
+// Idempotency runs a keyed command at most once; *command.Idempotency is one.
+type Idempotency interface {
+	Do(ctx context.Context, req command.KeyedRequest, wait time.Duration, exec command.Executor) (command.Result, error)
+}
+
+// OrderCreator handles CreateOrder in a transaction; command.CreateOrderHandler is one.
+type OrderCreator interface {
+	Handle(ctx context.Context, tx pgx.Tx, cmd command.CreateOrder) (domain.Order, error)
+}
+
+// OrderGetter reads one order view; query.GetOrderHandler is one.
+type OrderGetter interface {
+	Handle(ctx context.Context, q query.GetOrder) (domain.Order, error)
+}
+
+var (
+	_ Idempotency  = (*command.Idempotency)(nil)
+	_ OrderCreator = command.CreateOrderHandler{}
+	_ OrderGetter  = query.GetOrderHandler{}
+)
+
+// Deps is everything the HTTP interface needs.
+type Deps struct {
+	Logger      *slog.Logger
+	Idempotency Idempotency
+	CreateOrder OrderCreator
+	GetOrder    OrderGetter
+	// KeyWait bounds how long a request waits for an in-flight request with
+	// the same Idempotency-Key before it gets 409; default 5s.
+	KeyWait time.Duration
+	// Checks are the readiness checks behind /readyz.
+	Checks map[string]health.Check
+}
+
+// Server serves the API.
+type Server struct {
+	Deps
+}
+
+// New returns the API's http.Handler.
+func New(deps Deps) http.Handler {
+	if deps.KeyWait <= 0 {
+		deps.KeyWait = 5 * time.Second
+	}
+	s := &Server{Deps: deps}
+	return s.routes()
+}
+
+// tenantOf returns the tenant a request acts for. Until callers authenticate,
+// every request acts for the one default tenant.
+func tenantOf(*http.Request) string { return "default" }
+
+type ctxKey int
+
+const requestIDKey ctxKey = iota
+
+// withRequestID gives every request an id (the client's X-Request-Id if it is
+// sane, else a new one), echoes it in the response and puts it in the context.
+func withRequestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		if len(id) == 0 || len(id) > 128 || !printableASCII(id) {
+			var b [12]byte
+			_, _ = rand.Read(b[:])
+			id = hex.EncodeToString(b[:])
+		}
+		w.Header().Set("X-Request-Id", id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+	})
+}
+
+func requestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey).(string)
+	return id
+}
+
+// recoverer turns a panic into a logged 500 problem, keeping the process alive.
+func (s *Server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.Logger.ErrorContext(r.Context(), "panic", "request_id", requestID(r.Context()), "panic", v)
+				writeProblem(w, r, s.Logger, problemFor(nil), nil)
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// logRequests logs one line per request, without bodies or headers.
+func (s *Server) logRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		s.Logger.DebugContext(r.Context(), "request",
+			"method", r.Method, "route", chi.RouteContext(r.Context()).RoutePattern(), "status", sw.status,
+			"duration", time.Since(start), "request_id", requestID(r.Context()))
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// parseID reads a UUID path parameter; a malformed id is a 400.
+func parseID(r *http.Request, name string) (uuid.UUID, *Problem) {
+	raw := chi.URLParam(r, name)
+	id, err := uuid.Parse(raw)
+	if err != nil || len(raw) != 36 {
+		return uuid.Nil, problem(http.StatusBadRequest, "malformed-id", "Malformed id",
+			"The "+name+" in the path must be a UUID such as 0193b1a8-7c2e-7000-8000-000000000001.")
+	}
+	return id, nil
+}

@@ -1,0 +1,156 @@
+// Package app holds the programs of the service's processes (RunAPI,
+// RunProjector) and what they share: settings from the environment with
+// flags as overrides, logging, the NATS connection and serving HTTP with a
+// graceful shutdown. cmd/* only call into it.
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Defaults match the local stack that `make run` starts.
+const (
+	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:54329/orders?sslmode=disable"
+	DefaultNATSURL     = "nats://127.0.0.1:14222"
+)
+
+// Env reads settings: each flag's default is the environment variable's
+// value when set, so flags override the environment.
+type Env func(string) string
+
+// String defines a string flag defaulting to $key, else def.
+func (env Env) String(fs *flag.FlagSet, name, key, def, usage string) *string {
+	if v := env(key); v != "" {
+		def = v
+	}
+	return fs.String(name, def, usage+" ($"+key+")")
+}
+
+// Duration defines a duration flag defaulting to $key, else def.
+func (env Env) Duration(fs *flag.FlagSet, name, key string, def time.Duration, usage string) *time.Duration {
+	if d, err := time.ParseDuration(env(key)); err == nil {
+		def = d
+	}
+	return fs.Duration(name, def, usage+" ($"+key+")")
+}
+
+// Int defines an int flag defaulting to $key, else def.
+func (env Env) Int(fs *flag.FlagSet, name, key string, def int, usage string) *int {
+	if n, err := strconv.Atoi(env(key)); err == nil {
+		def = n
+	}
+	return fs.Int(name, def, usage+" ($"+key+")")
+}
+
+// Bool defines a bool flag defaulting to $key, else def.
+func (env Env) Bool(fs *flag.FlagSet, name, key string, def bool, usage string) *bool {
+	if b, err := strconv.ParseBool(env(key)); err == nil {
+		def = b
+	}
+	return fs.Bool(name, def, usage+" ($"+key+")")
+}
+
+// NewLogger logs to w: as text when format is "text" (or empty and w is a
+// terminal), else as JSON; at debug level when level is "debug".
+func NewLogger(w io.Writer, format, level string) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	switch strings.ToLower(level) {
+	case "debug":
+		opts.Level = slog.LevelDebug
+	case "warn":
+		opts.Level = slog.LevelWarn
+	case "error":
+		opts.Level = slog.LevelError
+	}
+	if format == "" {
+		format = "json"
+		if f, ok := w.(*os.File); ok {
+			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+				format = "text"
+			}
+		}
+	}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// ConnectNATS connects to url and keeps reconnecting for as long as the
+// process lives, so a broker restart needs no restart of ours. It returns
+// before the first connection succeeds if the server is down (readiness
+// reports it).
+func ConnectNATS(url, name string, logger *slog.Logger) (*nats.Conn, error) {
+	nc, err := nats.Connect(url,
+		nats.Name(name),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500*time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				logger.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { logger.Info("nats reconnected", "url", nc.ConnectedUrlRedacted()) }),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats at %s: %w", url, err)
+	}
+	return nc, nil
+}
+
+// NATSReady is a readiness check for nc.
+func NATSReady(nc *nats.Conn) func(context.Context) error {
+	return func(context.Context) error {
+		if !nc.IsConnected() {
+			return fmt.Errorf("nats: %s", nc.Status())
+		}
+		return nil
+	}
+}
+
+// Serve serves h on addr until ctx ends, then shuts down gracefully: it stops
+// accepting, lets requests in progress finish (up to grace) and returns. It
+// logs "listening" with the bound address (useful with port 0).
+func Serve(ctx context.Context, addr string, h http.Handler, logger *slog.Logger, grace time.Duration) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	logger.Info("listening", "addr", ln.Addr().String())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("shut down http server: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,79 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/acme/orders/health"
+	"github.com/acme/orders/postgres"
+	"github.com/acme/orders/projection"
+)
+
+// RunProjector is the whole projector program (cmd/projector): it keeps
+// every read model and serves /healthz and /readyz. It returns when ctx ends,
+// after each projection has finished and acked its batch in hand. Tests call
+// it with their own arguments, environment and output.
+func RunProjector(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	env := Env(getenv)
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	databaseURL := env.String(fs, "database-url", "DATABASE_URL", DefaultDatabaseURL, "PostgreSQL connection URL")
+	natsURL := env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
+	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", ":8081", "address to serve /healthz and /readyz on")
+	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", 100, "most events applied in one transaction")
+	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
+	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	logger := NewLogger(stdout, *logFormat, *logLevel).With("process", "projector")
+
+	pool, err := postgres.Open(ctx, *databaseURL, 0)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	nc, err := ConnectNATS(*natsURL, "orders-projector", logger)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+
+	runners := []*projection.Runner{
+		projection.NewRunner(pool, js, projection.OrderViews{}, logger, projection.Config{BatchSize: *batchSize}),
+	}
+	// The runners and the health server stop together: when ctx ends, or when
+	// any of them fails. Each runner finishes and acks its batch in hand.
+	g, gctx := errgroup.WithContext(ctx)
+	for _, r := range runners {
+		g.Go(func() error { return r.Run(gctx) })
+	}
+	mux := chi.NewRouter()
+	health.Register(mux, map[string]health.Check{
+		"postgres": func(ctx context.Context) error { return pool.Ping(ctx) },
+		"nats":     NATSReady(nc),
+	})
+	g.Go(func() error { return Serve(gctx, *httpAddr, mux, logger, 5*time.Second) })
+	err = g.Wait()
+	if derr := nc.Drain(); derr != nil {
+		logger.Warn("drain nats", "err", derr)
+	}
+	return err
+}

@@ -1,0 +1,110 @@
+// Package postgres opens the connection pool, migrates the schema and runs
+// transactions. Every package that writes runs its work through InTx.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/acme/orders/migrations"
+)
+
+// SQLSTATE codes the service reacts to.
+const (
+	CodeUniqueViolation      = "23505"
+	CodeSerializationFailure = "40001"
+	CodeDeadlockDetected     = "40P01"
+	CodeLockNotAvailable     = "55P03" // lock_timeout expired
+	CodeQueryCanceled        = "57014"
+)
+
+// Open connects a pool to url and checks that the server answers.
+func Open(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open database pool: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("database at %s:%d not reachable: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	return pool, nil
+}
+
+// Migrate applies the schema migrations on one connection of pool. It is safe
+// to run from several processes at once.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire connection for migrations: %w", err)
+	}
+	defer conn.Release()
+	return migrations.Apply(ctx, conn.Conn())
+}
+
+// Beginner starts transactions; *pgxpool.Pool is one.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// InTx runs fn in a transaction and commits it if fn returns nil. It retries
+// the whole transaction (a few times, with a short backoff) when PostgreSQL
+// aborts it for a deadlock or a serialization failure, so fn must be safe to
+// run again: it must keep no state outside tx from an earlier attempt. The
+// rollback runs even when ctx is cancelled, so locks are always released.
+func InTx(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) error {
+	const attempts = 5
+	for attempt := 1; ; attempt++ {
+		err := inTxOnce(ctx, db, fn)
+		if err == nil || attempt == attempts || !Retryable(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt*attempt) * 5 * time.Millisecond):
+		}
+	}
+}
+
+func inTxOnce(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// Retryable reports whether err is a deadlock or serialization failure, after
+// which the same transaction may simply run again.
+func Retryable(err error) bool {
+	return HasCode(err, CodeSerializationFailure) || HasCode(err, CodeDeadlockDetected)
+}
+
+// HasCode reports whether err is (or wraps) a PostgreSQL error with SQLSTATE code.
+func HasCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}

@@ -1,0 +1,63 @@
+// Package projection keeps the read models: a Runner consumes the event
+// stream for one Projection and applies each fetched batch in ONE transaction
+// that also records every event in the inbox and advances the checkpoint,
+// then acks. A redelivered event finds its inbox row and changes nothing.
+package projection
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+)
+
+// Outcome is what applying one event did to a read model.
+type Outcome int
+
+// The outcomes.
+const (
+	// Applied: the event's effect is now in the read model (an event the
+	// projection does not care about is "applied" as a no-op).
+	Applied Outcome = iota + 1
+	// Duplicate: the inbox already had the event; nothing was done.
+	Duplicate
+	// Stale: the read model is already at or past the event's aggregate
+	// version (e.g. after a rebuild); nothing was done.
+	Stale
+	// Gap: an earlier event of the aggregate has not been applied yet; the
+	// event is retried later.
+	Gap
+	// Malformed: the event can never be applied; it is dropped.
+	Malformed
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	case Stale:
+		return "stale"
+	case Gap:
+		return "gap"
+	case Malformed:
+		return "malformed"
+	}
+	return "unknown"
+}
+
+// Projection keeps one read model up to date.
+type Projection interface {
+	// Name identifies the projection: its durable consumer, inbox rows and
+	// checkpoint carry it. It must be a valid JetStream consumer name.
+	Name() string
+	// Apply applies env to the read model inside tx and says what it did. It
+	// is called at most once per event id (the runner's inbox sees to that),
+	// but an event may arrive before its predecessors: Apply must return Gap
+	// then, and Stale for an event the model is already past. It must decode
+	// the event's data before it writes, returning an error that wraps
+	// domain.ErrMalformedEvent if the data is unusable.
+	Apply(ctx context.Context, tx pgx.Tx, env domain.Envelope) (Outcome, error)
+}

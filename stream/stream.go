@@ -1,0 +1,47 @@
+// Package stream defines the JetStream stream that carries the service's
+// events from the outbox relay to the projectors, so that both sides agree on
+// its name, subjects and settings.
+package stream
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Name of the stream.
+const Name = "ORDERS"
+
+// subjectPrefix starts every event subject; the event type completes it, e.g.
+// "orders.events.order.created".
+const subjectPrefix = "orders.events."
+
+// Subjects is the stream's subject filter: every event.
+const Subjects = subjectPrefix + ">"
+
+// DuplicateWindow is how long JetStream remembers a Nats-Msg-Id to drop a
+// republished event. A republish after it is absorbed by the projectors' inbox.
+const DuplicateWindow = 5 * time.Minute
+
+// Subject returns the subject an event of eventType is published on.
+func Subject(eventType string) string { return subjectPrefix + eventType }
+
+// Ensure creates the stream, or updates it to the settings here. It is safe
+// to call from every process at start-up.
+func Ensure(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        Name,
+		Description: "Order events from the outbox, in per-aggregate order",
+		Subjects:    []string{Subjects},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  DuplicateWindow,
+		Replicas:    max(replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create or update stream %s: %w", Name, err)
+	}
+	return s, nil
+}

@@ -1,0 +1,254 @@
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/stream"
+)
+
+type fixture struct {
+	db     *pgxpool.Pool
+	js     jetstream.JetStream
+	runner *Runner
+}
+
+func newFixture(t *testing.T, cfg Config) fixture {
+	t.Helper()
+	db := testenv.DB(t)
+	ns := testenv.NATS(t)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Ensure(context.Background(), js, 1); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return fixture{db: db, js: js, runner: NewRunner(db, js, OrderViews{}, logger, cfg)}
+}
+
+// run runs the runner until the test ends.
+func (f fixture) run(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.runner.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+// eventually polls cond every 20ms until it holds or 10s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func createdEvent(t *testing.T, orderID uuid.UUID) domain.Envelope {
+	t.Helper()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	o, ev, err := domain.CreateOrder(orderID, "t1", domain.NewOrder{
+		CustomerID: "c-1", Currency: "EUR",
+		Lines: []domain.Line{{SKU: "s-1", Quantity: 3, UnitPrice: 700}},
+	}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := domain.NewEnvelope(uuid.Must(uuid.NewV7()), o, ev, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+// publish puts env on the stream under msgID (a new id bypasses the
+// stream's duplicate window, as a late republish would).
+func (f fixture) publish(t *testing.T, env any, msgID string) {
+	t.Helper()
+	b, err := json.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.js.Publish(context.Background(), stream.Subject(domain.TypeOrderCreated), b, jetstream.WithMsgID(msgID)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f fixture) view(t *testing.T, id uuid.UUID) (version, total int64) {
+	t.Helper()
+	err := f.db.QueryRow(context.Background(), `SELECT version, total FROM order_views WHERE order_id = $1`, id).Scan(&version, &total)
+	if err != nil {
+		t.Fatalf("read view: %v", err)
+	}
+	return version, total
+}
+
+func (f fixture) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := f.db.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestDuplicateDeliveryIsANoOp(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	orderID := uuid.Must(uuid.NewV7())
+	env := createdEvent(t, orderID)
+	f.publish(t, env, env.ID.String())
+	f.publish(t, env, "copy-"+env.ID.String()) // a copy the broker cannot dedupe
+	f.run(t)
+
+	eventually(t, "both deliveries are settled", func() bool {
+		s := f.runner.Stats()
+		return s.Applied+s.Duplicates == 2
+	})
+	if s := f.runner.Stats(); s.Applied != 1 || s.Duplicates != 1 {
+		t.Fatalf("stats = %+v, want 1 applied and 1 duplicate", s)
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox WHERE event_id = $1`, env.ID); n != 1 {
+		t.Fatalf("inbox rows for the event = %d, want 1", n)
+	}
+	if v, total := f.view(t, orderID); v != 1 || total != 2100 {
+		t.Fatalf("view version %d total %d, want 1 and 2100", v, total)
+	}
+}
+
+func TestCommitThenCrashBeforeAckIsANoOpOnRedelivery(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{AckWait: time.Second})
+	orderID := uuid.Must(uuid.NewV7())
+	env := createdEvent(t, orderID)
+	f.publish(t, env, env.ID.String())
+
+	// A worker fetches the event, commits its transaction and dies before
+	// the ack.
+	ctx := context.Background()
+	cons, err := f.runner.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != 1 {
+		t.Fatalf("fetched %d messages, want 1", len(msgs))
+	}
+	if err := f.runner.commit(ctx, decode(msgs)); err != nil {
+		t.Fatal(err)
+	}
+
+	// After AckWait JetStream redelivers it to the next worker.
+	f.run(t)
+	eventually(t, "the redelivery is settled", func() bool { return f.runner.Stats().Duplicates == 1 })
+	if s := f.runner.Stats(); s.Applied != 0 {
+		t.Fatalf("stats = %+v: the redelivery was applied again", s)
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox`); n != 1 {
+		t.Fatalf("inbox rows = %d, want 1", n)
+	}
+	if v, _ := f.view(t, orderID); v != 1 {
+		t.Fatalf("view version = %d, want 1", v)
+	}
+	eventually(t, "nothing is pending", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	})
+}
+
+func TestMalformedEventIsTerminated(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{AckWait: time.Second})
+	ctx := context.Background()
+	if _, err := f.js.Publish(ctx, stream.Subject(domain.TypeOrderCreated), []byte(`{"id":"nope"`)); err != nil {
+		t.Fatal(err)
+	}
+	// Well-formed envelope, data of the wrong shape.
+	env := createdEvent(t, uuid.Must(uuid.NewV7()))
+	env.Data = json.RawMessage(`{"total":"lots"}`)
+	f.publish(t, env, env.ID.String())
+	good := createdEvent(t, uuid.Must(uuid.NewV7()))
+	f.publish(t, good, good.ID.String())
+	f.run(t)
+
+	eventually(t, "all three are settled", func() bool {
+		s := f.runner.Stats()
+		return s.Malformed == 2 && s.Applied == 1
+	})
+	cons, err := f.runner.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "nothing is pending or awaiting an ack", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	// Well past AckWait: a terminated message is not redelivered.
+	time.Sleep(1500 * time.Millisecond)
+	if s := f.runner.Stats(); s.Malformed != 2 {
+		t.Fatalf("stats = %+v: a malformed event came back", s)
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox`); n != 1 {
+		t.Fatalf("inbox rows = %d, want 1 (only the good event)", n)
+	}
+}
+
+func TestOutOfOrderEventWaitsForItsPredecessor(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{GapDelay: 50 * time.Millisecond})
+	orderID := uuid.Must(uuid.NewV7())
+	v1 := createdEvent(t, orderID)
+	v2 := v1
+	v2.ID, v2.Type, v2.AggregateVersion = uuid.Must(uuid.NewV7()), "order.noted", 2
+	v2.OccurredAt = v1.OccurredAt.Add(time.Second)
+	v2.Data = json.RawMessage(`{"note":"fragile"}`)
+
+	f.publish(t, v2, v2.ID.String())
+	f.run(t)
+	eventually(t, "v2 is seen as a gap", func() bool { return f.runner.Stats().Gaps >= 1 })
+	if n := f.count(t, `SELECT count(*) FROM order_views`); n != 0 {
+		t.Fatal("v2 was applied without v1")
+	}
+
+	f.publish(t, v1, v1.ID.String())
+	eventually(t, "both are applied", func() bool { return f.runner.Stats().Applied == 2 })
+	if v, total := f.view(t, orderID); v != 2 || total != 2100 {
+		t.Fatalf("view version %d total %d, want 2 and 2100", v, total)
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox`); n != 2 {
+		t.Fatalf("inbox rows = %d, want 2", n)
+	}
+}

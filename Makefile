@@ -1,0 +1,86 @@
+# Order service: local development, tests and e2e.
+# `make` (or `make help`) lists the targets. Local state lives in .local/.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+# PostgreSQL for `make test`, `make test/race` and `make bench` (throwaway, fsync off).
+TEST_PG_DIR  := .local/test
+TEST_PG_PORT := 54349
+TEST_DB_URL  := postgres://postgres@127.0.0.1:$(TEST_PG_PORT)/postgres?sslmode=disable
+
+# PostgreSQL of `make run` (reused by `make migrate` when DATABASE_URL is unset).
+RUN_PG_DIR  := .local/run
+RUN_PG_PORT := 54329
+
+# Where `make http` sends api.http (the address of `make run`).
+BASE_URL ?= http://localhost:8080
+HTTPYAC  := npx --yes httpyac@6
+
+# $(call with_test_pg,COMMAND): start the test PostgreSQL, run COMMAND with
+# TEST_DATABASE_URL set, always stop PostgreSQL again, keep COMMAND's status.
+define with_test_pg
+scripts/pg.sh start $(TEST_PG_DIR) $(TEST_PG_PORT) --fast; \
+trap 'scripts/pg.sh stop $(TEST_PG_DIR)' EXIT; \
+trap 'exit 130' INT; trap 'exit 143' TERM; \
+TEST_DATABASE_URL='$(TEST_DB_URL)' $(1)
+endef
+
+.PHONY: help run test test/race e2e http migrate lint bench clean
+
+help: ## Show this help
+	@echo "Usage: make <target>"
+	@echo
+	@grep -hE '^[a-zA-Z0-9_/-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+run: ## Run PostgreSQL, NATS, api (:8080) and projector (:8081) in the foreground; Ctrl-C stops all
+	@scripts/stack.sh run
+
+test: ## Run all tests against a throwaway PostgreSQL (127.0.0.1:54349)
+	@$(call with_test_pg,go test -count=1 ./...)
+
+test/race: ## Like test, with the race detector
+	@$(call with_test_pg,go test -race -count=1 ./...)
+
+e2e: ## Start a fresh stack in .local/e2e and run api.http against it with httpyac
+	@scripts/stack.sh e2e
+
+http: ## Send api.http to a running `make run` (override: make http BASE_URL=http://host:port)
+	@$(HTTPYAC) send api.http --all --var baseUrl=$(BASE_URL)
+
+migrate: ## Apply database migrations (DATABASE_URL, or the PostgreSQL of `make run`)
+	@if [ -n "$${DATABASE_URL:-}" ]; then \
+		go run ./cmd/api migrate; \
+	else \
+		was_running=0; \
+		if scripts/pg.sh status $(RUN_PG_DIR); then was_running=1; fi; \
+		scripts/pg.sh start $(RUN_PG_DIR) $(RUN_PG_PORT); \
+		if [ $$was_running = 0 ]; then trap 'scripts/pg.sh stop $(RUN_PG_DIR)' EXIT; fi; \
+		DATABASE_URL="$$(scripts/pg.sh url $(RUN_PG_PORT))" go run ./cmd/api migrate; \
+	fi
+
+lint: ## gofmt check, go vet (and staticcheck if available as a go tool)
+	@files=$$(find . -name '*.go' -not -path './.local/*' -not -path './node_modules/*' | xargs -r gofmt -l); \
+	if [ -n "$$files" ]; then echo "gofmt: these files need formatting (run gofmt -w):"; echo "$$files"; exit 1; fi
+	@go vet ./...
+	@if go tool -n staticcheck >/dev/null 2>&1; then \
+		go tool staticcheck ./...; \
+	else \
+		echo "lint: staticcheck not declared as a go tool (go get -tool honnef.co/go/tools/cmd/staticcheck); skipped"; \
+	fi
+
+bench: ## Run benchmarks (no tests) against a throwaway PostgreSQL
+	@$(call with_test_pg,go test -run '^$$' -bench . -benchmem ./...)
+
+clean: ## Stop all servers under .local and remove .local
+	@if [ -d .local ]; then \
+		for d in .local/*/; do \
+			[ -d "$$d" ] || continue; \
+			scripts/nats.sh stop "$$d" || true; \
+			scripts/pg.sh wipe "$$d" || true; \
+		done; \
+		rm -rf .local; \
+	fi

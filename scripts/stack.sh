@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Runs the whole system (PostgreSQL, NATS, api, projector) in the foreground.
+#
+#   scripts/stack.sh run   dev stack: state in .local/run, api on :8080, projector on :8081.
+#                          DATABASE_URL / NATS_URL, if set, are used instead of local servers.
+#                          Ctrl-C stops everything it started.
+#   scripts/stack.sh e2e   fresh stack in .local/e2e (api :18080, projector :18081), runs
+#                          api.http with httpyac against it, stops everything, exits with
+#                          httpyac's status.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+MODE="${1:-}"
+case "$MODE" in
+run)
+	STATE=.local/run PG_PORT=54329 NATS_PORT=14222 API_PORT=8080 PROJ_PORT=8081
+	;;
+e2e)
+	STATE=.local/e2e PG_PORT=54339 NATS_PORT=14232 API_PORT=18080 PROJ_PORT=18081
+	unset DATABASE_URL NATS_URL # e2e always uses its own servers
+	;;
+*)
+	sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+	exit 2
+	;;
+esac
+STATE="$ROOT/$STATE"
+BIN="$ROOT/.local/bin"
+READY_TIMEOUT="${READY_TIMEOUT:-60}"
+
+say() { echo "stack: $*" >&2; }
+
+# ---- cleanup: stop everything we started, in reverse order ----------------
+STARTED_PG=0 STARTED_NATS=0 API_PID="" PROJ_PID="" TAIL_PIDS=()
+CLEANED=0
+
+stop_proc() { # stop_proc NAME PID
+	local name="$1" pid="$2" i
+	[ -n "$pid" ] || return 0
+	kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+	kill -TERM "$pid" 2>/dev/null || true
+	for i in $(seq 1 150); do # up to 15 s for a graceful shutdown
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$pid" 2>/dev/null; then
+		say "$name (pid $pid) did not stop within 15s; killing it"
+		kill -KILL "$pid" 2>/dev/null || true
+	fi
+	wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+	local rc=$?
+	[ "$CLEANED" = 0 ] || return 0
+	CLEANED=1
+	trap '' INT TERM # finish cleaning up even if Ctrl-C is pressed again
+	if [ -n "$PROJ_PID$API_PID" ] || [ "$STARTED_NATS$STARTED_PG" != 00 ]; then
+		say "stopping..."
+	fi
+	stop_proc projector "$PROJ_PID"
+	stop_proc api "$API_PID"
+	# log printers (tail --pid) end by themselves shortly after their service;
+	# give them a moment to flush the last lines, then stop their groups.
+	local p i
+	for p in ${TAIL_PIDS[@]+"${TAIL_PIDS[@]}"}; do
+		for i in $(seq 1 20); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+		kill -TERM -- "-$p" 2>/dev/null || true
+		wait "$p" 2>/dev/null || true
+	done
+	if [ "$STARTED_NATS" = 1 ]; then scripts/nats.sh stop "$STATE" || rc=1; fi
+	if [ "$STARTED_PG" = 1 ]; then scripts/pg.sh stop "$STATE" || rc=1; fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+log_tail() {
+	if [ -r "$1" ]; then
+		echo "---- last lines of $1 ----" >&2
+		tail -n 40 "$1" >&2 || true
+		echo "----" >&2
+	fi
+}
+
+# ---- state ----------------------------------------------------------------
+if [ "$MODE" = e2e ]; then
+	# fresh state every time; stop leftovers from an interrupted run first
+	if [ -e "$STATE" ]; then
+		scripts/nats.sh stop "$STATE" || true
+		scripts/pg.sh wipe "$STATE" || true
+		rm -rf "$STATE"
+	fi
+fi
+mkdir -p "$STATE" "$BIN"
+
+# ---- infrastructure -------------------------------------------------------
+if [ -z "${DATABASE_URL:-}" ]; then
+	say "starting PostgreSQL on 127.0.0.1:$PG_PORT ($STATE)"
+	STARTED_PG=1
+	if [ "$MODE" = e2e ]; then
+		scripts/pg.sh start "$STATE" "$PG_PORT" --fast
+	else
+		scripts/pg.sh start "$STATE" "$PG_PORT"
+	fi
+	DATABASE_URL=$(scripts/pg.sh url "$PG_PORT")
+else
+	say "using DATABASE_URL from the environment"
+fi
+if [ -z "${NATS_URL:-}" ]; then
+	say "starting NATS on 127.0.0.1:$NATS_PORT (first run compiles nats-server, may take a minute)"
+	STARTED_NATS=1
+	scripts/nats.sh start "$STATE" "$NATS_PORT"
+	NATS_URL=$(scripts/nats.sh url "$NATS_PORT")
+else
+	say "using NATS_URL from the environment"
+fi
+export DATABASE_URL NATS_URL
+export HTTP_ADDR=":$API_PORT" PROJECTOR_HTTP_ADDR=":$PROJ_PORT"
+# readable logs in the terminal; e2e keeps JSON in its log files
+if [ "$MODE" = run ]; then export LOG_FORMAT="${LOG_FORMAT:-text}"; fi
+
+# ---- build ----------------------------------------------------------------
+say "building ./cmd/api and ./cmd/projector"
+go build -o "$BIN/api" ./cmd/api
+go build -o "$BIN/projector" ./cmd/projector
+
+# ---- services -------------------------------------------------------------
+# start_svc NAME: runs $BIN/NAME in its own session (so Ctrl-C reaches only this
+# script, which then stops things in order) with output to $STATE/NAME.log.
+# In run mode the log is also echoed to the terminal with a [NAME] prefix.
+# Sets SVC_PID.
+start_svc() {
+	local name="$1" log="$STATE/$1.log"
+	: >"$log"
+	setsid "$BIN/$name" >>"$log" 2>&1 </dev/null &
+	SVC_PID=$!
+	if [ "$MODE" = run ]; then
+		# own process group, so cleanup can stop tail and sed together
+		setsid bash -c 'tail -n +1 -F --pid="$1" "$2" 2>/dev/null | sed -u "s/^/[$3] /"' \
+			printer "$SVC_PID" "$log" "$name" </dev/null &
+		TAIL_PIDS+=("$!")
+	fi
+}
+
+# died NAME PID: if PID has exited, report it and return 0.
+died() {
+	local name="$1" pid="$2" st=0
+	kill -0 "$pid" 2>/dev/null && return 1
+	wait "$pid" 2>/dev/null || st=$?
+	say "$name exited unexpectedly (status $st)"
+	log_tail "$STATE/$name.log"
+	return 0
+}
+
+# wait_ready NAME PID PORT
+wait_ready() {
+	local name="$1" pid="$2" port="$3" deadline=$((SECONDS + READY_TIMEOUT))
+	local url="http://127.0.0.1:$port/readyz"
+	until curl -fsS -o /dev/null -m 2 "$url" 2>/dev/null; do
+		if died "$name" "$pid"; then
+			if [ "$name" = api ]; then API_PID=""; else PROJ_PID=""; fi
+			say "$name died during start-up"
+			exit 1
+		fi
+		if [ $SECONDS -ge $deadline ]; then
+			log_tail "$STATE/$name.log"
+			say "$name did not become ready ($url != 200) within ${READY_TIMEOUT}s"
+			exit 1
+		fi
+		sleep 0.3
+	done
+}
+
+command -v curl >/dev/null 2>&1 || { say "curl is needed"; exit 1; }
+
+say "starting api (HTTP_ADDR=$HTTP_ADDR) and projector (PROJECTOR_HTTP_ADDR=$PROJECTOR_HTTP_ADDR)"
+start_svc api
+API_PID=$SVC_PID
+start_svc projector
+PROJ_PID=$SVC_PID
+
+wait_ready api "$API_PID" "$API_PORT"
+wait_ready projector "$PROJ_PID" "$PROJ_PORT"
+
+# ---- e2e: run api.http, exit with its status --------------------------------
+if [ "$MODE" = e2e ]; then
+	command -v npx >/dev/null 2>&1 || { say "npx (Node.js) is needed for httpyac"; exit 1; }
+	say "stack ready; running api.http with httpyac against http://127.0.0.1:$API_PORT"
+	st=0
+	npx --yes httpyac@6 send api.http --all --var "baseUrl=http://127.0.0.1:$API_PORT" || st=$?
+	if [ "$st" != 0 ]; then
+		say "httpyac failed (status $st); service logs are in $STATE"
+		log_tail "$STATE/api.log"
+		log_tail "$STATE/projector.log"
+	else
+		say "e2e passed"
+	fi
+	exit "$st"
+fi
+
+# ---- run: banner, then wait until Ctrl-C or a service dies -------------------
+cat >&2 <<BANNER
+
+==> orders stack is up
+    api        http://localhost:$API_PORT   (log: $STATE/api.log)
+    projector  http://localhost:$PROJ_PORT   (log: $STATE/projector.log)
+    DATABASE_URL=$DATABASE_URL
+    NATS_URL=$NATS_URL
+
+Try it:
+    curl -i -X POST localhost:$API_PORT/v1/orders -H 'Idempotency-Key: demo-1' -H 'Content-Type: application/json' -d '{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":1250}]}'
+or, in another terminal:
+    make http
+
+Ctrl-C stops everything.
+
+BANNER
+
+while :; do
+	if died api "$API_PID"; then API_PID=""; exit 1; fi
+	if died projector "$PROJ_PID"; then PROJ_PID=""; exit 1; fi
+	sleep 1 &
+	wait $! || true
+done

@@ -75,8 +75,12 @@ cleanup() {
 	exit "$rc"
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+if [ "$MODE" = run ]; then
+	trap 'exit 0' INT TERM # stopping `make run` is the normal way to end it
+else
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+fi
 
 log_tail() {
 	if [ -r "$1" ]; then

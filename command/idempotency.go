@@ -7,12 +7,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"reflect"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/acme/orders/domain"
 	"github.com/acme/orders/postgres"
 )
 
@@ -77,12 +80,35 @@ type Executor func(ctx context.Context, tx pgx.Tx) (Response, error)
 // the stored response to every retry. It is safe for any number of concurrent
 // callers in any number of processes sharing the database.
 type Idempotency struct {
-	db  postgres.Beginner
+	db  postgres.DB
 	ttl time.Duration
+
+	created, replays, mismatches, waits, waitTimeouts atomic.Int64
 }
 
+// IdempotencyStats counts what Do has done since start.
+type IdempotencyStats struct {
+	Created      int64 // keys claimed and committed with a response
+	Replays      int64 // stored responses replayed
+	Mismatches   int64 // keys refused for a different request
+	Waits        int64 // requests held up (≥ waitThreshold) by an in-flight request with their key
+	WaitTimeouts int64 // requests that gave up waiting (ErrInFlight)
+}
+
+// Stats returns the counters.
+func (s *Idempotency) Stats() IdempotencyStats {
+	return IdempotencyStats{
+		Created: s.created.Load(), Replays: s.replays.Load(), Mismatches: s.mismatches.Load(),
+		Waits: s.waits.Load(), WaitTimeouts: s.waitTimeouts.Load(),
+	}
+}
+
+// waitThreshold: a claim that found the key taken and took at least this
+// long was waiting for the transaction that held it.
+const waitThreshold = 5 * time.Millisecond
+
 // NewIdempotency returns an Idempotency whose keys live for ttl after creation.
-func NewIdempotency(db postgres.Beginner, ttl time.Duration) *Idempotency {
+func NewIdempotency(db postgres.DB, ttl time.Duration) *Idempotency {
 	return &Idempotency{db: db, ttl: ttl}
 }
 
@@ -100,8 +126,9 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 	fp := fingerprint(req.Scope, canonical)
 
 	var res Result
+	var outcome outcomes
 	err = postgres.InTx(ctx, s.db, func(tx pgx.Tx) error {
-		res = Result{}
+		res, outcome = Result{}, 0
 		if _, err := tx.Exec(ctx, keyLockTimeout, lockTimeout(wait)); err != nil {
 			return fmt.Errorf("set lock_timeout: %w", err)
 		}
@@ -109,28 +136,35 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 		// deleted and claimed anew; twice is enough for any race with it.
 		for range 3 {
 			var expiresAt time.Time
+			claimStart := time.Now()
 			err := tx.QueryRow(ctx, keyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).Scan(&expiresAt)
+			waited := time.Since(claimStart) >= waitThreshold
 			switch {
 			case err == nil:
 				resp, err := exec(ctx, tx)
 				if err != nil {
 					return err
 				}
-				if resp.Status < 200 || resp.Status >= 500 {
+				if resp.Status < 200 || resp.Status >= 500 || resp.Status == http.StatusTooManyRequests {
 					return fmt.Errorf("executor returned status %d, which is never stored", resp.Status)
 				}
 				if _, err := tx.Exec(ctx, keyComplete, req.TenantID, req.Scope, req.Key, resp.Status, resp.Header, resp.Body); err != nil {
 					return fmt.Errorf("store response: %w", err)
 				}
 				res = Result{Response: resp, ExpiresAt: expiresAt}
+				outcome = outcomeCreated
 				return nil
 			case postgres.HasCode(err, postgres.CodeLockNotAvailable):
+				outcome = outcomeWaitTimeout
 				return ErrInFlight
 			case !errors.Is(err, pgx.ErrNoRows):
 				return fmt.Errorf("claim idempotency key: %w", err)
 			}
 
 			// The key exists and its transaction has ended: replay or refuse.
+			if waited {
+				outcome |= outcomeWaited
+			}
 			var k storedKey
 			err = tx.QueryRow(ctx, keyGet, req.TenantID, req.Scope, req.Key).Scan(
 				&k.fingerprint, &k.fingerprintVersion, &k.request, &k.status, &k.header, &k.body, &k.expiresAt, &k.expired)
@@ -153,6 +187,7 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 				same = len(differingFields(k.request, canonical)) == 0
 			}
 			if !same {
+				outcome |= outcomeMismatch
 				return &MismatchError{Fields: differingFields(k.request, canonical)}
 			}
 			res = Result{
@@ -160,14 +195,97 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 				Replayed:  true,
 				ExpiresAt: k.expiresAt,
 			}
+			outcome |= outcomeReplay
 			return nil
 		}
 		return fmt.Errorf("idempotency key %q kept changing under us", req.Key)
 	})
+	s.count(outcome, err)
 	if err != nil {
 		return Result{}, err
 	}
 	return res, nil
+}
+
+// outcomes of one Do, for the counters; set inside the transaction and
+// counted only once it has ended, so a retried transaction counts once.
+type outcomes uint8
+
+const (
+	outcomeCreated outcomes = 1 << iota
+	outcomeReplay
+	outcomeMismatch
+	outcomeWaited
+	outcomeWaitTimeout
+)
+
+func (s *Idempotency) count(o outcomes, err error) {
+	if o&outcomeCreated != 0 && err == nil {
+		s.created.Add(1)
+	}
+	if o&outcomeReplay != 0 && err == nil {
+		s.replays.Add(1)
+	}
+	if o&outcomeMismatch != 0 {
+		s.mismatches.Add(1)
+	}
+	if o&(outcomeWaited|outcomeWaitTimeout) != 0 {
+		s.waits.Add(1)
+	}
+	if o&outcomeWaitTimeout != 0 {
+		s.waitTimeouts.Add(1)
+	}
+}
+
+// KeyRecord is what is stored for a key in one scope, for reconciliation.
+type KeyRecord struct {
+	Scope     string
+	Expired   bool // past expires_at, not yet removed by the janitor
+	Status    int
+	Header    map[string]string
+	CreatedAt time.Time
+	ExpiresAt time.Time
+}
+
+const keyLookupSQL = `
+SELECT scope, expires_at <= now(), status_code, response_headers, created_at, expires_at
+FROM idempotency_keys
+WHERE tenant_id = $1 AND key = $2
+ORDER BY scope`
+
+// Lookup returns what is stored for key in every scope of the tenant, or a
+// KindNotFound *domain.Error. A key whose first request is still executing
+// is not visible until that request commits.
+func (s *Idempotency) Lookup(ctx context.Context, tenantID, key string) ([]KeyRecord, error) {
+	rows, _ := s.db.Query(ctx, keyLookupSQL, tenantID, key)
+	records, err := pgx.CollectRows(rows, pgx.RowToStructByPos[KeyRecord])
+	if err != nil {
+		return nil, fmt.Errorf("look up idempotency key: %w", err)
+	}
+	if len(records) == 0 {
+		return nil, domain.Errorf(domain.KindNotFound, "no idempotency key %q", key)
+	}
+	return records, nil
+}
+
+const keyDeleteExpiredBatchSQL = `
+DELETE FROM idempotency_keys
+WHERE (tenant_id, scope, key) IN (
+    SELECT tenant_id, scope, key FROM idempotency_keys
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED)`
+
+// DeleteExpired removes up to batch expired keys in one short transaction
+// and returns how many it removed. Rows another replica is deleting at the
+// same moment are skipped, so any number of replicas may run it.
+func (s *Idempotency) DeleteExpired(ctx context.Context, batch int) (int64, error) {
+	tag, err := s.db.Exec(ctx, keyDeleteExpiredBatchSQL, batch)
+	if err != nil {
+		return 0, fmt.Errorf("delete expired idempotency keys: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 type storedKey struct {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/acme/orders/auth"
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/httpapi"
 	"github.com/acme/orders/internal/testenv"
@@ -24,22 +25,46 @@ import (
 
 const validBody = `{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":1250}]}`
 
+// api is one API server on its own database, with a client of tenant t1.
 type api struct {
-	url string
-	db  *pgxpool.Pool
+	url     string
+	db      *pgxpool.Pool
+	token   string // of tenant t1
+	idem    *command.Idempotency
+	clients *auth.Clients
 }
 
 func newAPI(tb testing.TB) api {
 	tb.Helper()
-	db := testenv.DB(tb)
+	return newAPIOn(tb, testenv.DB(tb), 24*time.Hour)
+}
+
+// newAPIOn serves the API on db, remembering keys for ttl.
+func newAPIOn(tb testing.TB, db *pgxpool.Pool, ttl time.Duration) api {
+	tb.Helper()
+	idem := command.NewIdempotency(db, ttl)
+	clients := auth.NewClients(db, 0)
 	srv := httptest.NewServer(httpapi.New(httpapi.Deps{
 		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Idempotency: command.NewIdempotency(db, 24*time.Hour),
+		Auth:        clients,
+		Idempotency: idem,
+		Keys:        idem,
 		CreateOrder: command.NewCreateOrderHandler(),
 		GetOrder:    query.NewGetOrderHandler(db),
 	}))
 	tb.Cleanup(srv.Close)
-	return api{url: srv.URL, db: db}
+	a := api{url: srv.URL, db: db, idem: idem, clients: clients}
+	a.token = a.newToken(tb, "t1")
+	return a
+}
+
+func (a api) newToken(tb testing.TB, tenant string) string {
+	tb.Helper()
+	token, err := a.clients.CreateToken(context.Background(), tenant, "test")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return token
 }
 
 type response struct {
@@ -55,7 +80,12 @@ func (a api) do(tb testing.TB, method, path string, header map[string]string, bo
 		tb.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+a.token)
 	for k, v := range header {
+		if v == "-" {
+			req.Header.Del(k) // "-" sends no such header at all
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	res, err := http.DefaultClient.Do(req)

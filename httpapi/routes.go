@@ -1,7 +1,10 @@
 package httpapi
 
 import (
+	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 
 	"github.com/go-chi/chi/v5"
 
@@ -24,10 +27,22 @@ func (s *Server) routes() http.Handler {
 	})
 
 	health.Register(r, s.Checks)
+	r.Get("/metrics", s.metrics)
 
 	r.Route("/v1", func(r chi.Router) {
+		r.Use(s.authenticate)
 		r.Post("/orders", s.createOrder)
 		r.Get("/orders/{id}", s.getOrder)
+		r.Get("/idempotency-keys/{key}", s.getIdempotencyKey)
 	})
 	return r
+}
+
+// metrics serves the counters in the Prometheus text format.
+func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
+	names := slices.Sorted(maps.Keys(s.Metrics))
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	for _, name := range names {
+		fmt.Fprintf(w, "# TYPE orders_%s counter\norders_%s %d\n", name, name, s.Metrics[name]())
+	}
 }

@@ -8,14 +8,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/acme/orders/auth"
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/health"
@@ -32,21 +35,36 @@ type OrderCreator interface {
 	Handle(ctx context.Context, tx pgx.Tx, cmd command.CreateOrder) (domain.Order, error)
 }
 
+// Authenticator maps a bearer token to its tenant; *auth.Clients is one. It
+// returns auth.ErrUnknownToken for a token it does not know.
+type Authenticator interface {
+	Authenticate(ctx context.Context, token string) (tenant string, err error)
+}
+
+// KeyLookup reads a tenant's stored keys; *command.Idempotency is one.
+type KeyLookup interface {
+	Lookup(ctx context.Context, tenantID, key string) ([]command.KeyRecord, error)
+}
+
 // OrderGetter reads one order view; query.GetOrderHandler is one.
 type OrderGetter interface {
 	Handle(ctx context.Context, q query.GetOrder) (domain.Order, error)
 }
 
 var (
-	_ Idempotency  = (*command.Idempotency)(nil)
-	_ OrderCreator = command.CreateOrderHandler{}
-	_ OrderGetter  = query.GetOrderHandler{}
+	_ Authenticator = (*auth.Clients)(nil)
+	_ KeyLookup     = (*command.Idempotency)(nil)
+	_ Idempotency   = (*command.Idempotency)(nil)
+	_ OrderCreator  = command.CreateOrderHandler{}
+	_ OrderGetter   = query.GetOrderHandler{}
 )
 
 // Deps is everything the HTTP interface needs.
 type Deps struct {
 	Logger      *slog.Logger
+	Auth        Authenticator
 	Idempotency Idempotency
+	Keys        KeyLookup
 	CreateOrder OrderCreator
 	GetOrder    OrderGetter
 	// KeyWait bounds how long a request waits for an in-flight request with
@@ -54,6 +72,8 @@ type Deps struct {
 	KeyWait time.Duration
 	// Checks are the readiness checks behind /readyz.
 	Checks map[string]health.Check
+	// Metrics are counters served at /metrics (Prometheus text format).
+	Metrics map[string]func() int64
 }
 
 // Server serves the API.
@@ -70,13 +90,46 @@ func New(deps Deps) http.Handler {
 	return s.routes()
 }
 
-// tenantOf returns the tenant a request acts for. Until callers authenticate,
-// every request acts for the one default tenant.
-func tenantOf(*http.Request) string { return "default" }
-
 type ctxKey int
 
-const requestIDKey ctxKey = iota
+const (
+	requestIDKey ctxKey = iota
+	tenantKey
+)
+
+// authenticate admits requests with a known bearer token and puts the
+// caller's tenant in the context; anything else gets 401 before it can touch
+// any data (so nothing is stored for it).
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		unauthorized := func(detail string) {
+			p := problem(http.StatusUnauthorized, "unauthorized", "Unauthorized", detail)
+			p.header = http.Header{"Www-Authenticate": {`Bearer realm="orders"`}}
+			writeProblem(w, r, s.Logger, p, nil)
+		}
+		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+			unauthorized("Send Authorization: Bearer <token>; `api token create --tenant NAME` makes a token.")
+			return
+		}
+		tenant, err := s.Auth.Authenticate(r.Context(), strings.TrimSpace(token))
+		if errors.Is(err, auth.ErrUnknownToken) {
+			unauthorized("The bearer token is not known.")
+			return
+		}
+		if err != nil {
+			writeProblem(w, r, s.Logger, problemFor(err), err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey, tenant)))
+	})
+}
+
+// tenantOf returns the tenant the authenticated caller acts for.
+func tenantOf(r *http.Request) string {
+	t, _ := r.Context().Value(tenantKey).(string)
+	return t
+}
 
 // withRequestID gives every request an id (the client's X-Request-Id if it is
 // sane, else a new one), echoes it in the response and puts it in the context.

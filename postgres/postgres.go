@@ -62,6 +62,16 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// DB runs statements and starts transactions; *pgxpool.Pool is one.
+type DB interface {
+	Beginner
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var _ DB = (*pgxpool.Pool)(nil)
+
 // InTx runs fn in a transaction and commits it if fn returns nil. It retries
 // the whole transaction (a few times, with a short backoff) when PostgreSQL
 // aborts it for a deadlock or a serialization failure, so fn must be safe to

@@ -6,12 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/acme/orders/auth"
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/health"
 	"github.com/acme/orders/httpapi"
@@ -20,43 +22,82 @@ import (
 	"github.com/acme/orders/query"
 )
 
-type config struct {
+const apiUsage = `usage:
+  api [flags]                                  serve the REST API (and the outbox relay)
+  api migrate [flags]                          apply the schema migrations and exit
+  api token create -tenant NAME [-name LABEL]  register a client of tenant NAME and print its token`
+
+type apiConfig struct {
 	databaseURL, natsURL, httpAddr string
 	relay                          bool
-	keyTTL, keyWait                time.Duration
+	keyTTL, keyWait, janitorEvery  time.Duration
 	logFormat, logLevel            string
+	tenant, clientName             string // token create
 }
 
-func parseConfig(args []string, env Env) (config, error) {
-	var c config
-	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+// parseAPIConfig reads the settings of one api subcommand ("", "migrate" or
+// "token create") from the environment and args.
+func parseAPIConfig(sub string, args []string, env Env) (apiConfig, error) {
+	fs := flag.NewFlagSet("api "+sub, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), apiUsage)
+		fs.PrintDefaults()
+	}
+	c := apiConfig{}
 	databaseURL := env.String(fs, "database-url", "DATABASE_URL", DefaultDatabaseURL, "PostgreSQL connection URL")
-	natsURL := env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
-	httpAddr := env.String(fs, "http-addr", "HTTP_ADDR", ":8080", "address to serve HTTP on")
-	relay := env.Bool(fs, "relay", "RELAY", true, "run the outbox relay in this process")
-	keyTTL := env.Duration(fs, "idempotency-ttl", "IDEMPOTENCY_TTL", 24*time.Hour, "how long an Idempotency-Key is remembered")
-	keyWait := env.Duration(fs, "idempotency-wait", "IDEMPOTENCY_WAIT", 5*time.Second, "how long a request waits for an in-flight request with its key")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
-	if err := fs.Parse(args[1:]); err != nil {
+	var natsURL, httpAddr, tenant, name *string
+	var relay *bool
+	var keyTTL, keyWait, janitorEvery *time.Duration
+	switch sub {
+	case "":
+		natsURL = env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
+		httpAddr = env.String(fs, "http-addr", "HTTP_ADDR", ":8080", "address to serve HTTP on")
+		relay = env.Bool(fs, "relay", "RELAY", true, "run the outbox relay in this process")
+		keyTTL = env.Duration(fs, "idempotency-ttl", "IDEMPOTENCY_TTL", 24*time.Hour, "how long an Idempotency-Key is remembered after its first use")
+		keyWait = env.Duration(fs, "idempotency-wait", "IDEMPOTENCY_WAIT", 5*time.Second, "how long a request waits for an in-flight request with its key")
+		janitorEvery = env.Duration(fs, "idempotency-janitor-interval", "IDEMPOTENCY_JANITOR_INTERVAL", time.Minute, "how often expired keys are deleted")
+	case "token create":
+		tenant = fs.String("tenant", "", "tenant the new client acts for (a-z, 0-9, -, _)")
+		name = fs.String("name", "cli", "a label for the client")
+	}
+	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
-	return config{
-		databaseURL: *databaseURL, natsURL: *natsURL, httpAddr: *httpAddr, relay: *relay,
-		keyTTL: *keyTTL, keyWait: *keyWait, logFormat: *logFormat, logLevel: *logLevel,
-	}, nil
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), apiUsage)
+	}
+	c.databaseURL, c.logFormat, c.logLevel = *databaseURL, *logFormat, *logLevel
+	switch sub {
+	case "":
+		c.natsURL, c.httpAddr, c.relay = *natsURL, *httpAddr, *relay
+		c.keyTTL, c.keyWait, c.janitorEvery = *keyTTL, *keyWait, *janitorEvery
+	case "token create":
+		if *tenant == "" {
+			return c, fmt.Errorf("token create needs -tenant NAME\n%s", apiUsage)
+		}
+		c.tenant, c.clientName = *tenant, *name
+	}
+	return c, nil
 }
 
 // RunAPI is the whole api program (cmd/api): it serves the REST API and,
-// unless -relay=false, relays the outbox. With args[1] == "migrate" it only
-// applies the migrations. It returns when ctx ends, after a graceful
-// shutdown. Tests call it with their own arguments, environment and output.
+// unless -relay=false, relays the outbox; "api migrate" only applies the
+// migrations and "api token create" registers a client (see apiUsage). It
+// returns when ctx ends, after a graceful shutdown. Tests call it with their
+// own arguments, environment and output.
 func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	sub := ""
-	if len(args) > 1 && args[1] == "migrate" {
-		sub, args = args[1], append([]string{args[0]}, args[2:]...)
+	sub, rest := "", args[1:]
+	switch {
+	case len(rest) > 0 && rest[0] == "migrate":
+		sub, rest = "migrate", rest[1:]
+	case len(rest) > 1 && rest[0] == "token" && rest[1] == "create":
+		sub, rest = "token create", rest[2:]
+	case len(rest) > 0 && rest[0] == "token":
+		return fmt.Errorf("unknown token command\n%s", apiUsage)
 	}
-	cfg, err := parseConfig(args, getenv)
+	cfg, err := parseAPIConfig(sub, rest, getenv)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
@@ -64,6 +105,10 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 		return err
 	}
 	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "api")
+	if sub == "token create" {
+		// The token goes to stdout alone; logs would only get in the way.
+		logger = slog.New(slog.DiscardHandler)
+	}
 
 	pool, err := postgres.Open(ctx, cfg.databaseURL, 0)
 	if err != nil {
@@ -73,17 +118,38 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	if sub == "migrate" {
+	switch sub {
+	case "migrate":
 		logger.Info("migrations applied")
 		return nil
+	case "token create":
+		token, err := auth.NewClients(pool, 0).CreateToken(ctx, cfg.tenant, cfg.clientName)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, token)
+		return nil
 	}
+	return serveAPI(ctx, cfg, pool, logger)
+}
 
+func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *slog.Logger) error {
 	nc, err := ConnectNATS(cfg.natsURL, "orders-api", logger)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 
+	idem := command.NewIdempotency(pool, cfg.keyTTL)
+	metrics := map[string]func() int64{
+		"idempotency_keys_created_total":  func() int64 { return idem.Stats().Created },
+		"idempotency_replays_total":       func() int64 { return idem.Stats().Replays },
+		"idempotency_mismatches_total":    func() int64 { return idem.Stats().Mismatches },
+		"idempotency_waits_total":         func() int64 { return idem.Stats().Waits },
+		"idempotency_wait_timeouts_total": func() int64 { return idem.Stats().WaitTimeouts },
+	}
+
+	// Background work stops after the HTTP server has drained.
 	var wg sync.WaitGroup
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
@@ -93,18 +159,27 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 			logger.Warn("drain nats", "err", err)
 		}
 	}()
+
+	janitor := &keyJanitor{keys: idem, every: cfg.janitorEvery, logger: logger.With("component", "janitor")}
+	metrics["idempotency_expired_keys_deleted_total"] = janitor.deleted.Load
+	wg.Go(func() { janitor.run(bgCtx) })
+
 	if cfg.relay {
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1024), jetstream.WithPublishAsyncTimeout(10*time.Second))
 		if err != nil {
 			return fmt.Errorf("jetstream: %w", err)
 		}
 		relay := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{})
+		metrics["relay_published_total"] = func() int64 { return relay.Stats().Published }
+		metrics["relay_duplicates_total"] = func() int64 { return relay.Stats().Duplicates }
 		wg.Go(func() { relay.Run(bgCtx) })
 	}
 
 	handler := httpapi.New(httpapi.Deps{
 		Logger:      logger,
-		Idempotency: command.NewIdempotency(pool, cfg.keyTTL),
+		Auth:        auth.NewClients(pool, 30*time.Second),
+		Idempotency: idem,
+		Keys:        idem,
 		CreateOrder: command.NewCreateOrderHandler(),
 		GetOrder:    query.NewGetOrderHandler(pool),
 		KeyWait:     cfg.keyWait,
@@ -112,9 +187,10 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 			"postgres": pingPool(pool),
 			"nats":     NATSReady(nc),
 		},
+		Metrics: metrics,
 	})
 	// Serve returns once in-flight requests are done; the deferred stop of
-	// the relay and the connections runs after that.
+	// the background work and the connections runs after that.
 	return Serve(ctx, cfg.httpAddr, handler, logger, 10*time.Second)
 }
 

@@ -2,21 +2,28 @@ package app_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/internal/app"
 	"github.com/acme/orders/internal/testenv"
 )
 
+type program func(context.Context, []string, func(string) string, io.Writer) error
+
 // start runs a program (RunAPI or RunProjector) until the test ends and
-// returns the address it listens on.
-func start(t *testing.T, name string, run func(context.Context, []string, func(string) string, io.Writer) error, env map[string]string) string {
+// returns the base URL it serves on.
+func start(t *testing.T, name string, run program, env map[string]string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out, w := io.Pipe()
@@ -32,9 +39,6 @@ func start(t *testing.T, name string, run func(context.Context, []string, func(s
 			var line struct{ Msg, Addr string }
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
 				addr <- line.Addr
-			}
-			if testing.Verbose() {
-				t.Logf("[%s] %s", name, sc.Text())
 			}
 		}
 	}()
@@ -60,15 +64,84 @@ func start(t *testing.T, name string, run func(context.Context, []string, func(s
 	return ""
 }
 
-func TestEndToEnd(t *testing.T) {
-	t.Parallel()
-	env := map[string]string{
+// newEnv gives a test its own database and NATS server.
+func newEnv(t *testing.T) map[string]string {
+	t.Helper()
+	return map[string]string{
 		"DATABASE_URL": testenv.DatabaseURL(t),
 		"NATS_URL":     testenv.NATS(t).ClientURL(),
 		"LOG_FORMAT":   "json",
 	}
+}
+
+// newToken runs `api token create -tenant tenant` and returns what it printed.
+func newToken(t *testing.T, env map[string]string, tenant string) string {
+	t.Helper()
+	var out bytes.Buffer
+	err := app.RunAPI(context.Background(), []string{"api", "token", "create", "-tenant", tenant}, func(k string) string { return env[k] }, &out)
+	if err != nil {
+		t.Fatalf("api token create: %v", err)
+	}
+	token := strings.TrimSpace(out.String())
+	if !strings.HasPrefix(token, "ord_") || strings.Contains(token, "\n") {
+		t.Fatalf("api token create printed %q, want one token", out.String())
+	}
+	return token
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func call(t *testing.T, method, url, token, key, body string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply{status: res.StatusCode, header: res.Header, body: string(b)}
+}
+
+func orderBody(customer string) string {
+	return fmt.Sprintf(`{"customer_id":%q,"currency":"EUR","items":[{"sku":"book","quantity":2,"unit_price":1999}]}`, customer)
+}
+
+func countRows(t *testing.T, env map[string]string, sql string, args ...any) int {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
 	api := start(t, "api", app.RunAPI, env)
 	projector := start(t, "projector", app.RunProjector, env)
+	token := newToken(t, env, "acme")
 
 	for _, base := range []string{api, projector} {
 		res, err := http.Get(base + "/readyz")
@@ -78,50 +151,116 @@ func TestEndToEnd(t *testing.T) {
 		res.Body.Close()
 	}
 
-	req, _ := http.NewRequest(http.MethodPost, api+"/v1/orders", strings.NewReader(
-		`{"customer_id":"c-42","currency":"EUR","items":[{"sku":"book","quantity":2,"unit_price":1999}]}`))
-	req.Header.Set("Idempotency-Key", "e2e-1")
-	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	created := call(t, http.MethodPost, api+"/v1/orders", token, "e2e-1", orderBody("c-42"))
+	createdAt := time.Now()
+	if created.status != http.StatusCreated {
+		t.Fatalf("POST: status %d, body %s", created.status, created.body)
 	}
-	created := time.Now()
-	var order map[string]any
-	if err := json.NewDecoder(res.Body).Decode(&order); err != nil || res.StatusCode != http.StatusCreated {
-		t.Fatalf("POST: status %d, err %v", res.StatusCode, err)
-	}
-	res.Body.Close()
-	location := res.Header.Get("Location")
+	location := created.header.Get("Location")
 
 	// The projector makes the order visible through the query side.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		res, err := http.Get(api + location)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.StatusCode == http.StatusOK {
-			var view map[string]any
-			if err := json.NewDecoder(res.Body).Decode(&view); err != nil {
-				t.Fatal(err)
+		got := call(t, http.MethodGet, api+location, token, "", "")
+		if got.status == http.StatusOK {
+			t.Logf("create → visible in %s", time.Since(createdAt).Round(time.Millisecond))
+			if got.body != created.body {
+				t.Fatalf("view differs from the created order:\n created %s\n view    %s", created.body, got.body)
 			}
-			res.Body.Close()
-			t.Logf("create → visible in %s", time.Since(created).Round(time.Millisecond))
-			a, _ := json.Marshal(order)
-			b, _ := json.Marshal(view)
-			if string(a) != string(b) {
-				t.Fatalf("view differs from the created order:\n created %s\n view    %s", a, b)
-			}
-			if res.Header.Get("ETag") != `"1"` {
-				t.Fatalf("view ETag = %q", res.Header.Get("ETag"))
+			if got.header.Get("ETag") != `"1"` {
+				t.Fatalf("view ETag = %q", got.header.Get("ETag"))
 			}
 			return
 		}
-		res.Body.Close()
-		if res.StatusCode != http.StatusNotFound || time.Now().After(deadline) {
-			t.Fatalf("GET %s: status %d", location, res.StatusCode)
+		if got.status != http.StatusNotFound || time.Now().After(deadline) {
+			t.Fatalf("GET %s: status %d", location, got.status)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Several API processes on one database: however requests with the same
+// key are spread and raced across them, each key executes once and every
+// response to it is the same.
+func TestManyServersOneDatabase(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	servers := []string{
+		start(t, "api-1", app.RunAPI, env),
+		start(t, "api-2", app.RunAPI, env),
+		start(t, "api-3", app.RunAPI, env),
+	}
+	token := newToken(t, env, "acme")
+
+	const keys, perKey = 20, 10
+	replies := make([][]reply, keys)
+	for k := range replies {
+		replies[k] = make([]reply, perKey)
+	}
+	startLine := make(chan struct{})
+	var wg sync.WaitGroup
+	for k := range keys {
+		for i := range perKey {
+			wg.Go(func() {
+				<-startLine
+				server := servers[(k+i)%len(servers)]
+				replies[k][i] = call(t, http.MethodPost, server+"/v1/orders", token, fmt.Sprintf("multi-%d", k), orderBody(fmt.Sprintf("c-%d", k)))
+			})
+		}
+	}
+	close(startLine)
+	wg.Wait()
+
+	for k, rs := range replies {
+		for i, r := range rs {
+			if r.status != http.StatusCreated || r.body != rs[0].body || r.header.Get("Location") != rs[0].header.Get("Location") {
+				t.Fatalf("key %d reply %d: %d %s; want 201 and %s", k, i, r.status, r.body, rs[0].body)
+			}
+		}
+	}
+	if n := countRows(t, env, `SELECT count(*) FROM orders`); n != keys {
+		t.Fatalf("%d orders, want %d", n, keys)
+	}
+	if n := countRows(t, env, `SELECT count(*) FROM outbox`); n != keys {
+		t.Fatalf("%d outbox events, want %d", n, keys)
+	}
+}
+
+// A key expires and the janitor removes it; a late retry of its request
+// still cannot create a second order: the order keeps its creating key.
+func TestExpiredKeyRetryPointsAtTheExistingOrder(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	env["IDEMPOTENCY_TTL"] = "1s"
+	env["IDEMPOTENCY_JANITOR_INTERVAL"] = "100ms"
+	api := start(t, "api", app.RunAPI, env)
+	token := newToken(t, env, "acme")
+
+	first := call(t, http.MethodPost, api+"/v1/orders", token, "late-1", orderBody("c-1"))
+	if first.status != http.StatusCreated {
+		t.Fatalf("POST: %d %s", first.status, first.body)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for countRows(t, env, `SELECT count(*) FROM idempotency_keys WHERE key = 'late-1'`) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the janitor did not delete the expired key within 10s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	late := call(t, http.MethodPost, api+"/v1/orders", token, "late-1", orderBody("c-1"))
+	if late.status != http.StatusConflict || late.header.Get("Location") != first.header.Get("Location") {
+		t.Fatalf("late retry: %d, Location %q, body %s; want 409 and Location %q", late.status, late.header.Get("Location"), late.body, first.header.Get("Location"))
+	}
+	if ct := late.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("late retry Content-Type = %q", ct)
+	}
+	// That refusal is itself a result of the key: stored and replayed.
+	again := call(t, http.MethodPost, api+"/v1/orders", token, "late-1", orderBody("c-1"))
+	if again.status != http.StatusConflict || again.body != late.body || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay of the refusal: %d %q %s", again.status, again.header.Get("Idempotent-Replayed"), again.body)
+	}
+	if n := countRows(t, env, `SELECT count(*) FROM orders`); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
 	}
 }

@@ -19,16 +19,17 @@ RUN_PG_PORT := 54329
 BASE_URL ?= http://localhost:8080
 HTTPYAC  := npx --yes httpyac@6
 
-# $(call with_test_pg,COMMAND): start the test PostgreSQL, run COMMAND with
+# $(call with_test_pg,COMMAND): start a fresh test PostgreSQL, run COMMAND with
 # TEST_DATABASE_URL set, always stop PostgreSQL again, keep COMMAND's status.
 define with_test_pg
+scripts/pg.sh wipe $(TEST_PG_DIR) >/dev/null; \
 scripts/pg.sh start $(TEST_PG_DIR) $(TEST_PG_PORT) --fast; \
 trap 'scripts/pg.sh stop $(TEST_PG_DIR)' EXIT; \
 trap 'exit 130' INT; trap 'exit 143' TERM; \
-TEST_DATABASE_URL='$(TEST_DB_URL)' $(1)
+export TEST_DATABASE_URL='$(TEST_DB_URL)'; $(1)
 endef
 
-.PHONY: help run test test/race e2e http migrate lint bench clean
+.PHONY: help run test test/race fuzz e2e http migrate lint bench clean
 
 help: ## Show this help
 	@echo "Usage: make <target>"
@@ -39,8 +40,16 @@ help: ## Show this help
 run: ## Run PostgreSQL, NATS, api (:8080) and projector (:8081) in the foreground; Ctrl-C stops all
 	@scripts/stack.sh run
 
-test: ## Run all tests against a throwaway PostgreSQL (127.0.0.1:54349)
-	@$(call with_test_pg,go test -count=1 ./...)
+# Fuzz targets and how long `make test` runs each (FUZZTIME=5m make fuzz for longer).
+FUZZ_TARGETS := FuzzCreateOrder:./httpapi
+FUZZTIME ?= 15s
+fuzz_all = for t in $(FUZZ_TARGETS); do go test -run='^$$' -fuzz="^$${t%%:*}$$" -fuzztime=$(1) "$${t\#*:}"; done
+
+test: ## Run all tests and a short fuzz run against a throwaway PostgreSQL (127.0.0.1:54349)
+	@$(call with_test_pg,go test -count=1 ./... && $(call fuzz_all,15s))
+
+fuzz: ## Fuzz the HTTP API for longer (FUZZTIME=5m)
+	@$(call with_test_pg,$(call fuzz_all,$(FUZZTIME)))
 
 test/race: ## Like test, with the race detector
 	@$(call with_test_pg,go test -race -count=1 ./...)

@@ -27,6 +27,7 @@ const validBody = `{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1"
 
 // api is one API server on its own database, with a client of tenant t1.
 type api struct {
+	handler http.Handler
 	url     string
 	db      *pgxpool.Pool
 	token   string // of tenant t1
@@ -44,16 +45,17 @@ func newAPIOn(tb testing.TB, db *pgxpool.Pool, ttl time.Duration) api {
 	tb.Helper()
 	idem := command.NewIdempotency(db, ttl)
 	clients := auth.NewClients(db, 0)
-	srv := httptest.NewServer(httpapi.New(httpapi.Deps{
+	handler := httpapi.New(httpapi.Deps{
 		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Auth:        clients,
 		Idempotency: idem,
 		Keys:        idem,
 		CreateOrder: command.NewCreateOrderHandler(),
 		GetOrder:    query.NewGetOrderHandler(db),
-	}))
+	})
+	srv := httptest.NewServer(handler)
 	tb.Cleanup(srv.Close)
-	a := api{url: srv.URL, db: db, idem: idem, clients: clients}
+	a := api{handler: handler, url: srv.URL, db: db, idem: idem, clients: clients}
 	a.token = a.newToken(tb, "t1")
 	return a
 }

@@ -190,12 +190,30 @@ PROJ_PID=$SVC_PID
 wait_ready api "$API_PID" "$API_PORT"
 wait_ready projector "$PROJ_PID" "$PROJ_PORT"
 
+# ---- a dev token: created on first start, kept in $STATE/dev-token ----------
+# (re-created if the database it was made for is gone, e.g. another DATABASE_URL)
+TOKEN_FILE="$STATE/dev-token"
+token_works() {
+	[ -s "$TOKEN_FILE" ] || return 1
+	local code
+	code=$(curl -s -o /dev/null -w '%{http_code}' -m 5 -H "Authorization: Bearer $(cat "$TOKEN_FILE")" \
+		"http://127.0.0.1:$API_PORT/v1/idempotency-keys/token-check")
+	[ "$code" != 401 ]
+}
+if ! token_works; then
+	"$BIN/api" token create -tenant dev -name "make $MODE" >"$TOKEN_FILE.new"
+	mv "$TOKEN_FILE.new" "$TOKEN_FILE"
+	chmod 600 "$TOKEN_FILE"
+	say "created a dev token for tenant 'dev' in $TOKEN_FILE"
+fi
+TOKEN=$(cat "$TOKEN_FILE")
+
 # ---- e2e: run api.http, exit with its status --------------------------------
 if [ "$MODE" = e2e ]; then
 	command -v npx >/dev/null 2>&1 || { say "npx (Node.js) is needed for httpyac"; exit 1; }
 	say "stack ready; running api.http with httpyac against http://127.0.0.1:$API_PORT"
 	st=0
-	npx --yes httpyac@6 send api.http --all --var "baseUrl=http://127.0.0.1:$API_PORT" || st=$?
+	npx --yes httpyac@6 send api.http --all --var "baseUrl=http://127.0.0.1:$API_PORT" --var "token=$TOKEN" || st=$?
 	if [ "$st" != 0 ]; then
 		say "httpyac failed (status $st); service logs are in $STATE"
 		log_tail "$STATE/api.log"
@@ -215,8 +233,11 @@ cat >&2 <<BANNER
     DATABASE_URL=$DATABASE_URL
     NATS_URL=$NATS_URL
 
+Your dev token (tenant 'dev', kept in $TOKEN_FILE):
+    export TOKEN=$TOKEN
+
 Try it:
-    curl -i -X POST localhost:$API_PORT/v1/orders -H 'Idempotency-Key: demo-1' -H 'Content-Type: application/json' -d '{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":1250}]}'
+    curl -i -X POST localhost:$API_PORT/v1/orders -H "Authorization: Bearer \$TOKEN" -H 'Idempotency-Key: demo-1' -H 'Content-Type: application/json' -d '{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":1250}]}'
 or, in another terminal:
     make http
 

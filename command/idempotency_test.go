@@ -1,0 +1,152 @@
+package command_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/internal/testenv"
+)
+
+func newOrder(customer string) domain.NewOrder {
+	return domain.NewOrder{CustomerID: customer, Currency: "EUR", Lines: []domain.Line{{SKU: "s", Quantity: 1, UnitPrice: 100}}}
+}
+
+// createExec is what the HTTP layer's executor does, without HTTP.
+func createExec(cmd command.CreateOrder) command.Executor {
+	h := command.NewCreateOrderHandler()
+	return func(ctx context.Context, tx pgx.Tx) (command.Response, error) {
+		o, err := h.Handle(ctx, tx, cmd)
+		if err != nil {
+			return command.Response{}, err
+		}
+		return command.Response{Status: http.StatusCreated, Header: map[string]string{"Location": "/v1/orders/" + o.ID.String()}, Body: []byte(o.ID.String())}, nil
+	}
+}
+
+func count(t *testing.T, db *pgxpool.Pool, sql string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestAKeyBelongsToItsScope(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := command.NewIdempotency(db, time.Hour)
+	calls := 0
+	exec := func(context.Context, pgx.Tx) (command.Response, error) {
+		calls++
+		return command.Response{Status: 200, Body: []byte("ok")}, nil
+	}
+	for _, scope := range []string{"POST /v1/orders/{id}/pay", "POST /v1/orders/{id}/ship"} {
+		res, err := idem.Do(ctx, command.KeyedRequest{TenantID: "t1", Scope: scope, Key: "k", Command: map[string]string{"id": "1"}}, time.Second, exec)
+		if err != nil || res.Replayed {
+			t.Fatalf("%s: %+v %v; want a fresh execution", scope, res, err)
+		}
+	}
+	if calls != 2 {
+		t.Fatalf("executed %d times, want once per scope", calls)
+	}
+}
+
+func TestOldFingerprintVersionsCompareByContent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := command.NewIdempotency(db, time.Hour)
+	req := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders", Key: "k", Command: command.CreateOrder{NewOrder: newOrder("c-1")}}
+	if _, err := idem.Do(ctx, req, time.Second, createExec(command.CreateOrder{TenantID: "t1", Key: "k", NewOrder: newOrder("c-1")})); err != nil {
+		t.Fatal(err)
+	}
+	// Pretend an older release wrote the key with another canonical form.
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET fingerprint = '\xdead', fingerprint_version = 0`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := idem.Do(ctx, req, time.Second, nil)
+	if err != nil || !res.Replayed {
+		t.Fatalf("same request, old fingerprint: %+v %v; want a replay", res, err)
+	}
+	req.Command = command.CreateOrder{NewOrder: newOrder("c-2")}
+	var mismatch *command.MismatchError
+	if _, err := idem.Do(ctx, req, time.Second, nil); !errors.As(err, &mismatch) || len(mismatch.Fields) != 1 || mismatch.Fields[0] != "customer_id" {
+		t.Fatalf("other request, old fingerprint: err %v; want a mismatch on customer_id", err)
+	}
+}
+
+// The connection of a request dies after the order rows were written and
+// before the commit: nothing of it stays, the key included, and a retry
+// creates exactly one order.
+func TestKilledTransactionLeavesNoKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := command.NewIdempotency(db, time.Hour)
+	cmd := command.CreateOrder{TenantID: "t1", Key: "k", NewOrder: newOrder("c-1")}
+	req := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders", Key: "k", Command: cmd}
+
+	create := createExec(cmd)
+	_, err := idem.Do(ctx, req, time.Second, func(ctx context.Context, tx pgx.Tx) (command.Response, error) {
+		res, err := create(ctx, tx)
+		if err != nil {
+			return res, err
+		}
+		var pid int
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return res, err
+		}
+		if _, err := db.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			return res, err
+		}
+		return res, nil
+	})
+	if err == nil {
+		t.Fatal("Do succeeded although its connection was killed before the commit")
+	}
+	if n := count(t, db, `SELECT (SELECT count(*) FROM idempotency_keys) + (SELECT count(*) FROM orders) + (SELECT count(*) FROM outbox)`); n != 0 {
+		t.Fatalf("%d rows left behind by the killed transaction", n)
+	}
+
+	res, err := idem.Do(ctx, req, time.Second, create)
+	if err != nil || res.Replayed || res.Status != http.StatusCreated {
+		t.Fatalf("retry: %+v %v", res, err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM orders`); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
+	}
+}
+
+// An executor that fails (a 5xx in the making) rolls everything back: the
+// key stays free for the retry.
+func TestFailedExecutionIsNotStored(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := command.NewIdempotency(db, time.Hour)
+	req := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders", Key: "k", Command: 1}
+	boom := errors.New("boom")
+	if _, err := idem.Do(ctx, req, time.Second, func(context.Context, pgx.Tx) (command.Response, error) {
+		return command.Response{}, boom
+	}); !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want boom", err)
+	}
+	if _, err := idem.Do(ctx, req, time.Second, func(context.Context, pgx.Tx) (command.Response, error) {
+		return command.Response{Status: http.StatusServiceUnavailable}, nil
+	}); err == nil {
+		t.Fatal("a 503 response was accepted for storing")
+	}
+	if n := count(t, db, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+		t.Fatalf("%d keys stored for failed executions", n)
+	}
+}

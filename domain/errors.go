@@ -42,6 +42,9 @@ type Error struct {
 	// ResourceID identifies the existing resource a KindConflict error refers
 	// to, when there is one (for example the order a reused key created).
 	ResourceID string
+	// State is the resource's current state, for a KindConflict or
+	// KindPreconditionFailed error (for example the order's status).
+	State string
 }
 
 func (e *Error) Error() string {

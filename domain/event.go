@@ -19,7 +19,11 @@ type Event interface {
 
 // Event types.
 const (
-	TypeOrderCreated = "order.created"
+	TypeOrderCreated   = "order.created"
+	TypeOrderPaid      = "order.paid"
+	TypeOrderShipped   = "order.shipped"
+	TypeOrderCancelled = "order.cancelled"
+	TypeOrderUpdated   = "order.updated"
 )
 
 // SchemaVersion is the version of the envelope and event data written today.
@@ -37,6 +41,56 @@ type OrderCreated struct {
 
 // EventType implements Event.
 func (OrderCreated) EventType() string { return TypeOrderCreated }
+
+// Transition is what every status change records: the order's customer,
+// currency and total (so that consumers need no other source to keep
+// per-customer or per-day figures), and the status before and after.
+type Transition struct {
+	CustomerID string    `json:"customer_id"`
+	Currency   string    `json:"currency"`
+	Total      int64     `json:"total"`
+	From       Status    `json:"from_status"`
+	Status     Status    `json:"status"`
+	At         time.Time `json:"at"`
+}
+
+// OrderPaid records that a pending order was paid in full.
+type OrderPaid struct {
+	Transition
+}
+
+// EventType implements Event.
+func (OrderPaid) EventType() string { return TypeOrderPaid }
+
+// OrderShipped records that a paid order was shipped.
+type OrderShipped struct {
+	Transition
+}
+
+// EventType implements Event.
+func (OrderShipped) EventType() string { return TypeOrderShipped }
+
+// OrderCancelled records that a pending or paid order was cancelled; a paid
+// one was refunded in full (Refunded is its total, else 0).
+type OrderCancelled struct {
+	Transition
+	Reason   string `json:"reason"`
+	Refunded int64  `json:"refunded"`
+}
+
+// EventType implements Event.
+func (OrderCancelled) EventType() string { return TypeOrderCancelled }
+
+// OrderUpdated records new details of an order: the shipping address and
+// note as they are after the change.
+type OrderUpdated struct {
+	ShippingAddress *Address  `json:"shipping_address"`
+	Note            string    `json:"note"`
+	At              time.Time `json:"at"`
+}
+
+// EventType implements Event.
+func (OrderUpdated) EventType() string { return TypeOrderUpdated }
 
 // Envelope carries one event with what every consumer needs to route,
 // deduplicate and order it: its id (also the broker's message id), the tenant,

@@ -54,6 +54,13 @@ type Order struct {
 	Version    int64
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
+
+	// Set by the lifecycle; nil until the step happened.
+	PaidAt, ShippedAt, CancelledAt *time.Time
+	CancelReason                   string
+	// Set by Update; nil and "" until then.
+	ShippingAddress *Address
+	Note            string
 }
 
 // NewOrder is what it takes to place an order. Its zero value is invalid.

@@ -2,6 +2,7 @@ package command
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -23,6 +24,22 @@ INSERT INTO order_items (tenant_id, order_id, line_no, sku, quantity, unit_price
 SELECT $1, $2, line_no, sku, quantity, unit_price, line_total
 FROM unnest($3::int[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[])
      AS i(line_no, sku, quantity, unit_price, line_total)`
+
+	orderGetForUpdateSQL = `
+SELECT o.id, o.tenant_id, o.customer_id, o.status, o.currency, o.total, o.version, o.created_at, o.updated_at,
+       o.paid_at, o.shipped_at, o.cancelled_at, o.cancel_reason, o.shipping_address, o.note,
+       (SELECT json_agg(json_build_object('sku', i.sku, 'quantity', i.quantity, 'unit_price', i.unit_price,
+                                          'line_total', i.line_total) ORDER BY i.line_no)
+        FROM order_items i WHERE i.tenant_id = o.tenant_id AND i.order_id = o.id)
+FROM orders o
+WHERE o.tenant_id = $1 AND o.id = $2
+FOR UPDATE OF o`
+
+	orderUpdateSQL = `
+UPDATE orders
+SET status = $3, version = $4, updated_at = $5, paid_at = $6, shipped_at = $7, cancelled_at = $8,
+    cancel_reason = $9, shipping_address = $10, note = $11
+WHERE tenant_id = $1 AND id = $2 AND version = $4 - 1`
 )
 
 // orderInsert writes a new order and its items. If an order created with the
@@ -49,4 +66,56 @@ func orderInsert(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey str
 		return uuid.Nil, fmt.Errorf("insert order items: %w", err)
 	}
 	return uuid.Nil, nil
+}
+
+// orderGetForUpdate loads an order with its items and locks its row until tx
+// ends. It returns a KindNotFound *domain.Error if the tenant has no such order.
+func orderGetForUpdate(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID) (domain.Order, error) {
+	var o domain.Order
+	err := tx.QueryRow(ctx, orderGetForUpdateSQL, tenantID, id).Scan(
+		&o.ID, &o.TenantID, &o.CustomerID, &o.Status, &o.Currency, &o.Total, &o.Version, &o.CreatedAt, &o.UpdatedAt,
+		&o.PaidAt, &o.ShippedAt, &o.CancelledAt, &o.CancelReason, &o.ShippingAddress, &o.Note, &o.Items)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return domain.Order{}, domain.Errorf(domain.KindNotFound, "order %s not found", id)
+	}
+	if err != nil {
+		return domain.Order{}, fmt.Errorf("load order: %w", err)
+	}
+	return o.UTC(), nil
+}
+
+// orderUpdate writes the changed state of o, which must be one version past
+// the row that tx holds locked.
+func orderUpdate(ctx context.Context, tx pgx.Tx, o domain.Order) error {
+	tag, err := tx.Exec(ctx, orderUpdateSQL, o.TenantID, o.ID, o.Status, o.Version, o.UpdatedAt,
+		o.PaidAt, o.ShippedAt, o.CancelledAt, o.CancelReason, o.ShippingAddress, o.Note)
+	if err != nil {
+		return fmt.Errorf("update order: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("update order %s to version %d: the row is not at version %d", o.ID, o.Version, o.Version-1)
+	}
+	return nil
+}
+
+// changeOrder runs one lifecycle step on an order: it loads the order under
+// its row lock, lets change decide (a nil event means "nothing to do"), and
+// writes the new state and the event in tx. It returns the order as it is
+// afterwards, or change's error with nothing written.
+func changeOrder(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, change func(*domain.Order) (domain.Event, error)) (domain.Order, error) {
+	o, err := orderGetForUpdate(ctx, tx, tenantID, id)
+	if err != nil {
+		return domain.Order{}, err
+	}
+	ev, err := change(&o)
+	if err != nil || ev == nil {
+		return o, err
+	}
+	if err := orderUpdate(ctx, tx, o); err != nil {
+		return domain.Order{}, err
+	}
+	if err := outboxAppend(ctx, tx, o, ev); err != nil {
+		return domain.Order{}, fmt.Errorf("%s: %w", ev.EventType(), err)
+	}
+	return o, nil
 }

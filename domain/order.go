@@ -192,3 +192,15 @@ func itoa(i int) string {
 	}
 	return string(b[n:])
 }
+
+// UTC returns o with every instant in UTC, as the service presents them.
+func (o Order) UTC() Order {
+	o.CreatedAt, o.UpdatedAt = o.CreatedAt.UTC(), o.UpdatedAt.UTC()
+	for _, t := range []**time.Time{&o.PaidAt, &o.ShippedAt, &o.CancelledAt} {
+		if *t != nil {
+			u := (*t).UTC()
+			*t = &u
+		}
+	}
+	return o
+}

@@ -74,19 +74,26 @@ func unquoteSFString(s string) (string, bool) {
 // key: the server's bound, or less if the client asks with "Prefer: wait=N"
 // (RFC 7240).
 func (s *Server) keyWait(r *http.Request) time.Duration {
-	wait := s.KeyWait
+	if d, ok := preferWait(r); ok {
+		return min(d, s.KeyWait)
+	}
+	return s.KeyWait
+}
+
+// preferWait reads "Prefer: wait=N" (seconds), if the request has it.
+func preferWait(r *http.Request) (time.Duration, bool) {
 	for _, v := range r.Header.Values("Prefer") {
 		for pref := range strings.SplitSeq(v, ",") {
 			name, val, ok := strings.Cut(strings.TrimSpace(pref), "=")
 			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
 				continue
 			}
-			if n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`)); err == nil && n >= 0 {
-				wait = min(wait, time.Duration(n)*time.Second)
+			if n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`)); err == nil && n >= 0 && n <= 3600 {
+				return time.Duration(n) * time.Second, true
 			}
 		}
 	}
-	return wait
+	return 0, false
 }
 
 // keyed runs exec at most once for this request's Idempotency-Key and writes

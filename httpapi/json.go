@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -103,4 +104,27 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+}
+
+// decodeOptional is decodeJSON for endpoints whose body may be empty. It
+// answers with the problem itself and returns false when the body is bad.
+func (s *Server) decodeOptional(w http.ResponseWriter, r *http.Request, v any) bool {
+	if r.ContentLength == 0 {
+		return true
+	}
+	if p := decodeJSON(w, r, v); p != nil {
+		if r.ContentLength < 0 && strings.Contains(p.Detail, "empty") {
+			return true // a chunked, empty body
+		}
+		writeProblem(w, r, s.Logger, p, nil)
+		return false
+	}
+	return true
+}
+
+// strictUnmarshal decodes one JSON value into v, refusing unknown fields.
+func strictUnmarshal(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }

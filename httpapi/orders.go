@@ -2,8 +2,10 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -17,15 +19,18 @@ import (
 // orderJSON is an order as every endpoint shows it. Amounts are integer
 // minor units of the currency.
 type orderJSON struct {
-	ID         uuid.UUID  `json:"id"`
-	CustomerID string     `json:"customer_id"`
-	Status     string     `json:"status"`
-	Currency   string     `json:"currency"`
-	Items      []itemJSON `json:"items"`
-	Total      int64      `json:"total"`
-	Version    int64      `json:"version"`
-	CreatedAt  time.Time  `json:"created_at"`
-	UpdatedAt  time.Time  `json:"updated_at"`
+	ID              uuid.UUID       `json:"id"`
+	CustomerID      string          `json:"customer_id"`
+	Status          string          `json:"status"`
+	Currency        string          `json:"currency"`
+	Items           []itemJSON      `json:"items"`
+	Total           int64           `json:"total"`
+	Version         int64           `json:"version"`
+	CreatedAt       time.Time       `json:"created_at"`
+	UpdatedAt       time.Time       `json:"updated_at"`
+	ShippingAddress *domain.Address `json:"shipping_address"`
+	Note            string          `json:"note"`
+	StatusHistory   []statusJSON    `json:"status_history"`
 }
 
 type itemJSON struct {
@@ -35,15 +40,26 @@ type itemJSON struct {
 	LineTotal int64  `json:"line_total"`
 }
 
+type statusJSON struct {
+	Status string    `json:"status"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason,omitempty"`
+}
+
 func toOrderJSON(o domain.Order) orderJSON {
+	o = o.UTC()
 	items := make([]itemJSON, len(o.Items))
 	for i, it := range o.Items {
 		items[i] = itemJSON{SKU: it.SKU, Quantity: it.Quantity, UnitPrice: it.UnitPrice, LineTotal: it.LineTotal}
 	}
+	var history []statusJSON
+	for _, h := range o.History() {
+		history = append(history, statusJSON{Status: string(h.Status), At: h.At.UTC(), Reason: h.Reason})
+	}
 	return orderJSON{
 		ID: o.ID, CustomerID: o.CustomerID, Status: string(o.Status), Currency: o.Currency,
-		Items: items, Total: o.Total, Version: o.Version,
-		CreatedAt: o.CreatedAt.UTC(), UpdatedAt: o.UpdatedAt.UTC(),
+		Items: items, Total: o.Total, Version: o.Version, CreatedAt: o.CreatedAt, UpdatedAt: o.UpdatedAt,
+		ShippingAddress: o.ShippingAddress, Note: o.Note, StatusHistory: history,
 	}
 }
 
@@ -51,6 +67,33 @@ func orderLocation(id string) string { return "/v1/orders/" + id }
 
 // etag is an order's entity tag: its version.
 func etag(version int64) string { return `"` + strconv.FormatInt(version, 10) + `"` }
+
+// Scopes of keyed commands: method and route template. An Idempotency-Key
+// belongs to one scope.
+const (
+	scopeCreateOrder = "POST /v1/orders"
+	scopePayOrder    = "POST /v1/orders/{id}/pay"
+	scopeShipOrder   = "POST /v1/orders/{id}/ship"
+	scopeCancelOrder = "POST /v1/orders/{id}/cancel"
+	scopeUpdateOrder = "PATCH /v1/orders/{id}"
+)
+
+// runOrderCommand runs cmd with h under the request's Idempotency-Key (read
+// already) and answers with the order and its ETag: status on success; a
+// stored problem for a refusal.
+func runOrderCommand[C any](s *Server, w http.ResponseWriter, r *http.Request, key, scope string, cmd C, h OrderCommand[C], status int) {
+	s.keyed(w, r, key, scope, cmd, func(ctx context.Context, tx pgx.Tx) (command.Response, error) {
+		o, err := h.Handle(ctx, tx, cmd)
+		if err != nil {
+			return refusal(r, err)
+		}
+		header := map[string]string{"ETag": etag(o.Version)}
+		if status == http.StatusCreated {
+			header["Location"] = orderLocation(o.ID.String())
+		}
+		return jsonResponse(status, toOrderJSON(o), header)
+	})
+}
 
 type createOrderRequest struct {
 	CustomerID string `json:"customer_id"`
@@ -86,26 +129,147 @@ func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, s.Logger, problemFor(err), err)
 		return
 	}
-	s.keyed(w, r, key, scopeCreateOrder, cmd, func(ctx context.Context, tx pgx.Tx) (command.Response, error) {
-		o, err := s.CreateOrder.Handle(ctx, tx, cmd)
-		if err != nil {
-			return refusal(r, err)
-		}
-		return jsonResponse(http.StatusCreated, toOrderJSON(o), map[string]string{
-			"Location": orderLocation(o.ID.String()),
-			"ETag":     etag(o.Version),
-		})
-	})
+	runOrderCommand(s, w, r, key, scopeCreateOrder, cmd, s.CreateOrder, http.StatusCreated)
 }
 
-// getOrder handles GET /v1/orders/{id}: the order from the read model.
+// keyedOrderRequest reads what every command on an existing order needs: the
+// Idempotency-Key and the order id. ok is false when it already answered.
+func (s *Server) keyedOrderRequest(w http.ResponseWriter, r *http.Request) (key string, id uuid.UUID, ok bool) {
+	key, p := idempotencyKey(r)
+	if p == nil {
+		id, p = parseID(r, "id")
+	}
+	if p != nil {
+		writeProblem(w, r, s.Logger, p, nil)
+		return "", uuid.Nil, false
+	}
+	return key, id, true
+}
+
+// payOrder handles POST /v1/orders/{id}/pay (no body, or {}).
+func (s *Server) payOrder(w http.ResponseWriter, r *http.Request) {
+	key, id, ok := s.keyedOrderRequest(w, r)
+	if !ok || !s.decodeOptional(w, r, &struct{}{}) {
+		return
+	}
+	runOrderCommand(s, w, r, key, scopePayOrder, command.PayOrder{TenantID: tenantOf(r), OrderID: id}, s.PayOrder, http.StatusOK)
+}
+
+// shipOrder handles POST /v1/orders/{id}/ship (no body, or {}).
+func (s *Server) shipOrder(w http.ResponseWriter, r *http.Request) {
+	key, id, ok := s.keyedOrderRequest(w, r)
+	if !ok || !s.decodeOptional(w, r, &struct{}{}) {
+		return
+	}
+	runOrderCommand(s, w, r, key, scopeShipOrder, command.ShipOrder{TenantID: tenantOf(r), OrderID: id}, s.ShipOrder, http.StatusOK)
+}
+
+// cancelOrder handles POST /v1/orders/{id}/cancel with {"reason": "…"}.
+func (s *Server) cancelOrder(w http.ResponseWriter, r *http.Request) {
+	key, id, ok := s.keyedOrderRequest(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		Reason string `json:"reason"`
+	}
+	if p := decodeJSON(w, r, &req); p != nil {
+		writeProblem(w, r, s.Logger, p, nil)
+		return
+	}
+	cmd := command.CancelOrder{TenantID: tenantOf(r), OrderID: id, Reason: req.Reason}
+	if err := cmd.Validate(); err != nil {
+		writeProblem(w, r, s.Logger, problemFor(err), err)
+		return
+	}
+	runOrderCommand(s, w, r, key, scopeCancelOrder, cmd, s.CancelOrder, http.StatusOK)
+}
+
+// updateOrder handles PATCH /v1/orders/{id}: a merge patch of
+// shipping_address and note (null clears), with If-Match: "<version>".
+func (s *Server) updateOrder(w http.ResponseWriter, r *http.Request) {
+	key, id, ok := s.keyedOrderRequest(w, r)
+	if !ok {
+		return
+	}
+	version, p := ifMatchVersion(r)
+	if p != nil {
+		writeProblem(w, r, s.Logger, p, nil)
+		return
+	}
+	var req struct {
+		ShippingAddress json.RawMessage `json:"shipping_address"`
+		Note            json.RawMessage `json:"note"`
+	}
+	if p := decodeJSON(w, r, &req); p != nil {
+		writeProblem(w, r, s.Logger, p, nil)
+		return
+	}
+	cmd := command.UpdateOrder{TenantID: tenantOf(r), OrderID: id, ExpectedVersion: version}
+	var bad []domain.FieldError
+	if req.ShippingAddress != nil {
+		cmd.SetShippingAddress = true
+		if string(req.ShippingAddress) != "null" {
+			if err := strictUnmarshal(req.ShippingAddress, &cmd.ShippingAddress); err != nil {
+				bad = append(bad, domain.FieldError{Field: "shipping_address", Detail: "must be an object with name, line1, line2, city, postal_code and country, or null: " + err.Error()})
+			}
+		}
+	}
+	if req.Note != nil {
+		cmd.SetNote = true
+		if string(req.Note) != "null" {
+			if err := json.Unmarshal(req.Note, &cmd.Note); err != nil {
+				bad = append(bad, domain.FieldError{Field: "note", Detail: "must be a string or null"})
+			}
+		}
+	}
+	if len(bad) > 0 {
+		p := problem(http.StatusBadRequest, "malformed-request", "Malformed request body", "A field has the wrong shape.")
+		p.Errors = bad
+		writeProblem(w, r, s.Logger, p, nil)
+		return
+	}
+	if err := cmd.Validate(); err != nil {
+		writeProblem(w, r, s.Logger, problemFor(err), err)
+		return
+	}
+	runOrderCommand(s, w, r, key, scopeUpdateOrder, cmd, s.UpdateOrder, http.StatusOK)
+}
+
+// ifMatchVersion reads If-Match: "<version>" (a strong ETag of an order).
+// A missing header is 428: a change must say which version it was made on.
+func ifMatchVersion(r *http.Request) (int64, *Problem) {
+	v := strings.TrimSpace(r.Header.Get("If-Match"))
+	if v == "" {
+		return 0, problem(http.StatusPreconditionRequired, "if-match-required", "If-Match required",
+			`Send If-Match with the ETag of the order version you are changing, e.g. If-Match: "3".`)
+	}
+	n, err := strconv.ParseInt(strings.Trim(v, `"`), 10, 64)
+	if err != nil || n < 1 || len(v) < 3 || v[0] != '"' || v[len(v)-1] != '"' {
+		return 0, problem(http.StatusPreconditionFailed, "precondition-failed", "Precondition failed",
+			`If-Match must be one strong ETag of this order, such as "3".`)
+	}
+	return n, nil
+}
+
+// getOrder handles GET /v1/orders/{id}[?min_version=N]: the order from the
+// read model, waiting (bounded) until it is at version N or later.
 func (s *Server) getOrder(w http.ResponseWriter, r *http.Request) {
 	id, p := parseID(r, "id")
 	if p != nil {
 		writeProblem(w, r, s.Logger, p, nil)
 		return
 	}
-	o, err := s.GetOrder.Handle(r.Context(), query.GetOrder{TenantID: tenantOf(r), ID: id})
+	q := query.GetOrder{TenantID: tenantOf(r), ID: id, Wait: s.readWait(r)}
+	if v := r.URL.Query().Get("min_version"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			writeProblem(w, r, s.Logger, invalidParam("min_version", "must be a positive integer (an order version)"), nil)
+			return
+		}
+		q.MinVersion = n
+	}
+	o, err := s.GetOrder.Handle(r.Context(), q)
 	if err != nil {
 		writeProblem(w, r, s.Logger, problemFor(err), err)
 		return
@@ -113,9 +277,93 @@ func (s *Server) getOrder(w http.ResponseWriter, r *http.Request) {
 	tag := etag(o.Version)
 	w.Header().Set("ETag", tag)
 	w.Header().Set("Cache-Control", "no-cache")
-	if r.Header.Get("If-None-Match") == tag {
+	if etagMatches(r.Header.Get("If-None-Match"), tag) {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
 	writeJSON(w, http.StatusOK, toOrderJSON(o))
+}
+
+// etagMatches applies If-None-Match's weak comparison to a list of tags.
+func etagMatches(header, tag string) bool {
+	for t := range strings.SplitSeq(header, ",") {
+		t = strings.TrimPrefix(strings.TrimSpace(t), "W/")
+		if t == "*" || t == tag {
+			return true
+		}
+	}
+	return false
+}
+
+// readWait is how long a read-your-writes read may wait: the server default,
+// or what the client asks with Prefer: wait=N, at most MaxReadWait.
+func (s *Server) readWait(r *http.Request) time.Duration {
+	if d, ok := preferWait(r); ok {
+		return min(d, MaxReadWait)
+	}
+	return s.ReadWait
+}
+
+func invalidParam(name, detail string) *Problem {
+	p := problem(http.StatusBadRequest, "invalid-parameter", "Invalid query parameter", "The query parameter "+name+" "+detail+".")
+	p.Errors = []domain.FieldError{{Field: name, Detail: detail}}
+	return p
+}
+
+type orderPageJSON struct {
+	Orders     []orderJSON `json:"orders"`
+	NextCursor *string     `json:"next_cursor"`
+}
+
+// listOrders handles GET /v1/orders?customer_id=&status=&created_after=&limit=&cursor=.
+func (s *Server) listOrders(w http.ResponseWriter, r *http.Request) {
+	params := r.URL.Query()
+	q := query.ListOrders{TenantID: tenantOf(r), CustomerID: params.Get("customer_id"), Limit: query.DefaultPageSize}
+	if st := params.Get("status"); st != "" {
+		switch domain.Status(st) {
+		case domain.StatusPending, domain.StatusPaid, domain.StatusShipped, domain.StatusCancelled:
+			q.Status = domain.Status(st)
+		default:
+			writeProblem(w, r, s.Logger, invalidParam("status", "must be pending, paid, shipped or cancelled"), nil)
+			return
+		}
+	}
+	if v := params.Get("created_after"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			writeProblem(w, r, s.Logger, invalidParam("created_after", "must be an RFC 3339 time such as 2026-11-21T00:00:00Z"), nil)
+			return
+		}
+		q.CreatedAfter = t
+	}
+	if v := params.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > query.MaxPageSize {
+			writeProblem(w, r, s.Logger, invalidParam("limit", "must be an integer from 1 to 100"), nil)
+			return
+		}
+		q.Limit = n
+	}
+	if v := params.Get("cursor"); v != "" {
+		c, err := query.ParseCursor(v)
+		if err != nil {
+			writeProblem(w, r, s.Logger, invalidParam("cursor", "must be a next_cursor value from an earlier page"), nil)
+			return
+		}
+		q.After = &c
+	}
+	page, err := s.ListOrders.Handle(r.Context(), q)
+	if err != nil {
+		writeProblem(w, r, s.Logger, problemFor(err), err)
+		return
+	}
+	out := orderPageJSON{Orders: make([]orderJSON, len(page.Orders))}
+	for i, o := range page.Orders {
+		out.Orders[i] = toOrderJSON(o)
+	}
+	if page.Next != nil {
+		c := page.Next.String()
+		out.NextCursor = &c
+	}
+	writeJSON(w, http.StatusOK, out)
 }

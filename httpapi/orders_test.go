@@ -51,7 +51,12 @@ func newAPIOn(tb testing.TB, db *pgxpool.Pool, ttl time.Duration) api {
 		Idempotency: idem,
 		Keys:        idem,
 		CreateOrder: command.NewCreateOrderHandler(),
-		GetOrder:    query.NewGetOrderHandler(db),
+		PayOrder:    command.NewPayOrderHandler(),
+		ShipOrder:   command.NewShipOrderHandler(),
+		CancelOrder: command.NewCancelOrderHandler(),
+		UpdateOrder: command.NewUpdateOrderHandler(),
+		GetOrder:    query.NewGetOrderHandler(db, nil),
+		ListOrders:  query.NewListOrdersHandler(db),
 	})
 	srv := httptest.NewServer(handler)
 	tb.Cleanup(srv.Close)
@@ -225,10 +230,16 @@ func TestCreateOrderThenReplayThenMismatch(t *testing.T) {
 			UnitPrice int64  `json:"unit_price"`
 			LineTotal int64  `json:"line_total"`
 		} `json:"items"`
-		Total     int64     `json:"total"`
-		Version   int64     `json:"version"`
-		CreatedAt time.Time `json:"created_at"`
-		UpdatedAt time.Time `json:"updated_at"`
+		Total           int64     `json:"total"`
+		Version         int64     `json:"version"`
+		CreatedAt       time.Time `json:"created_at"`
+		UpdatedAt       time.Time `json:"updated_at"`
+		ShippingAddress *struct{} `json:"shipping_address"`
+		Note            string    `json:"note"`
+		StatusHistory   []struct {
+			Status string    `json:"status"`
+			At     time.Time `json:"at"`
+		} `json:"status_history"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(first.body))
 	dec.DisallowUnknownFields()
@@ -236,7 +247,8 @@ func TestCreateOrderThenReplayThenMismatch(t *testing.T) {
 		t.Fatalf("order JSON %s: %v", first.body, err)
 	}
 	if o.Status != "pending" || o.Total != 2500 || o.Version != 1 || len(o.Items) != 1 || o.Items[0].LineTotal != 2500 ||
-		o.CustomerID != "c-1" || o.Currency != "EUR" || o.CreatedAt.IsZero() || !o.CreatedAt.Equal(o.UpdatedAt) {
+		o.CustomerID != "c-1" || o.Currency != "EUR" || o.CreatedAt.IsZero() || !o.CreatedAt.Equal(o.UpdatedAt) ||
+		o.ShippingAddress != nil || o.Note != "" || len(o.StatusHistory) != 1 || o.StatusHistory[0].Status != "pending" {
 		t.Fatalf("order = %+v", o)
 	}
 	if got, want := first.header.Get("Location"), "/v1/orders/"+o.ID; got != want {

@@ -3,11 +3,13 @@ package httpapi
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
+	"github.com/acme/orders/query"
 )
 
 // problemBase prefixes every problem type; the README lists them all.
@@ -28,7 +30,11 @@ type Problem struct {
 	MismatchedFields []string `json:"mismatched_fields,omitempty"`
 	// ResourceID identifies the existing resource a conflict refers to.
 	ResourceID string `json:"resource_id,omitempty"`
-	RequestID  string `json:"request_id,omitempty"`
+	// CurrentStatus is the order's status when a step was refused.
+	CurrentStatus string `json:"current_status,omitempty"`
+	// CurrentVersion is how far a read model has got, when it is behind.
+	CurrentVersion *int64 `json:"current_version,omitempty"`
+	RequestID      string `json:"request_id,omitempty"`
 
 	header http.Header // extra response headers (Location, Retry-After)
 }
@@ -42,7 +48,14 @@ func problem(status int, kind, title, detail string) *Problem {
 func problemFor(err error) *Problem {
 	var de *domain.Error
 	var mismatch *command.MismatchError
+	var behind *query.BehindError
 	switch {
+	case errors.As(err, &behind):
+		p := problem(http.StatusPreconditionFailed, "view-behind", "Read model behind",
+			fmt.Sprintf("The read model has not caught up with version %d yet (it is at %d); retry shortly, or wait longer with Prefer: wait=N.", behind.Want, behind.Have))
+		p.CurrentVersion = &behind.Have
+		p.header = http.Header{"Retry-After": {"1"}}
+		return p
 	case errors.As(err, &mismatch):
 		p := problem(http.StatusUnprocessableEntity, "idempotency-key-mismatch", "Idempotency-Key reused with a different request",
 			"This Idempotency-Key was first used with a different request; use a new key for a new request.")
@@ -63,10 +76,12 @@ func problemFor(err error) *Problem {
 			return problem(http.StatusNotFound, "not-found", "Not found", de.Message)
 		case domain.KindConflict:
 			p := problem(http.StatusConflict, "conflict", "Conflict with the current state", de.Message)
-			p.ResourceID = de.ResourceID
+			p.ResourceID, p.CurrentStatus = de.ResourceID, de.State
 			return p
 		case domain.KindPreconditionFailed:
-			return problem(http.StatusPreconditionFailed, "precondition-failed", "Precondition failed", de.Message)
+			p := problem(http.StatusPreconditionFailed, "precondition-failed", "Precondition failed", de.Message)
+			p.CurrentStatus = de.State
+			return p
 		}
 	}
 	return problem(http.StatusInternalServerError, "internal", "Internal error",

@@ -11,10 +11,6 @@ import (
 	"github.com/acme/orders/health"
 )
 
-// Scopes of keyed commands: the method and route template. An
-// Idempotency-Key belongs to one scope.
-const scopeCreateOrder = "POST /v1/orders"
-
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(withRequestID, s.recoverer, s.logRequests)
@@ -32,7 +28,14 @@ func (s *Server) routes() http.Handler {
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.authenticate)
 		r.Post("/orders", s.createOrder)
+		r.Get("/orders", s.listOrders)
 		r.Get("/orders/{id}", s.getOrder)
+		r.Patch("/orders/{id}", s.updateOrder)
+		r.Post("/orders/{id}/pay", s.payOrder)
+		r.Post("/orders/{id}/ship", s.shipOrder)
+		r.Post("/orders/{id}/cancel", s.cancelOrder)
+		r.Get("/customers/{id}/summary", s.customerSummary)
+		r.Get("/reports/daily-sales", s.dailySales)
 		r.Get("/idempotency-keys/{key}", s.getIdempotencyKey)
 	})
 	return r

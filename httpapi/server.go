@@ -30,11 +30,6 @@ type Idempotency interface {
 	Do(ctx context.Context, req command.KeyedRequest, wait time.Duration, exec command.Executor) (command.Result, error)
 }
 
-// OrderCreator handles CreateOrder in a transaction; command.CreateOrderHandler is one.
-type OrderCreator interface {
-	Handle(ctx context.Context, tx pgx.Tx, cmd command.CreateOrder) (domain.Order, error)
-}
-
 // Authenticator maps a bearer token to its tenant; *auth.Clients is one. It
 // returns auth.ErrUnknownToken for a token it does not know.
 type Authenticator interface {
@@ -46,17 +41,27 @@ type KeyLookup interface {
 	Lookup(ctx context.Context, tenantID, key string) ([]command.KeyRecord, error)
 }
 
-// OrderGetter reads one order view; query.GetOrderHandler is one.
-type OrderGetter interface {
-	Handle(ctx context.Context, q query.GetOrder) (domain.Order, error)
+// OrderCommand handles one kind of order command inside the key's
+// transaction; the command package's handlers are such.
+type OrderCommand[C any] interface {
+	Handle(ctx context.Context, tx pgx.Tx, cmd C) (domain.Order, error)
+}
+
+// Query answers one kind of query; the query package's handlers are such.
+type Query[Q, R any] interface {
+	Handle(ctx context.Context, q Q) (R, error)
 }
 
 var (
-	_ Authenticator = (*auth.Clients)(nil)
-	_ KeyLookup     = (*command.Idempotency)(nil)
-	_ Idempotency   = (*command.Idempotency)(nil)
-	_ OrderCreator  = command.CreateOrderHandler{}
-	_ OrderGetter   = query.GetOrderHandler{}
+	_ Authenticator                                          = (*auth.Clients)(nil)
+	_ KeyLookup                                              = (*command.Idempotency)(nil)
+	_ Idempotency                                            = (*command.Idempotency)(nil)
+	_ OrderCommand[command.CreateOrder]                      = command.CreateOrderHandler{}
+	_ OrderCommand[command.UpdateOrder]                      = command.UpdateOrderHandler{}
+	_ Query[query.GetOrder, domain.Order]                    = query.GetOrderHandler{}
+	_ Query[query.ListOrders, query.OrderPage]               = query.ListOrdersHandler{}
+	_ Query[query.GetCustomerSummary, query.CustomerSummary] = query.GetCustomerSummaryHandler{}
+	_ Query[query.GetDailySales, []query.DaySales]           = query.GetDailySalesHandler{}
 )
 
 // Deps is everything the HTTP interface needs.
@@ -65,16 +70,33 @@ type Deps struct {
 	Auth        Authenticator
 	Idempotency Idempotency
 	Keys        KeyLookup
-	CreateOrder OrderCreator
-	GetOrder    OrderGetter
+
+	CreateOrder OrderCommand[command.CreateOrder]
+	PayOrder    OrderCommand[command.PayOrder]
+	ShipOrder   OrderCommand[command.ShipOrder]
+	CancelOrder OrderCommand[command.CancelOrder]
+	UpdateOrder OrderCommand[command.UpdateOrder]
+
+	GetOrder           Query[query.GetOrder, domain.Order]
+	ListOrders         Query[query.ListOrders, query.OrderPage]
+	GetCustomerSummary Query[query.GetCustomerSummary, query.CustomerSummary]
+	GetDailySales      Query[query.GetDailySales, []query.DaySales]
+
 	// KeyWait bounds how long a request waits for an in-flight request with
 	// the same Idempotency-Key before it gets 409; default 5s.
 	KeyWait time.Duration
+	// ReadWait is how long a read with min_version (or min_position) waits
+	// for the read model by default; default 2s. Clients may ask for up to
+	// MaxReadWait with Prefer: wait=N.
+	ReadWait time.Duration
 	// Checks are the readiness checks behind /readyz.
 	Checks map[string]health.Check
 	// Metrics are counters served at /metrics (Prometheus text format).
 	Metrics map[string]func() int64
 }
+
+// MaxReadWait bounds any read-your-writes wait.
+const MaxReadWait = 10 * time.Second
 
 // Server serves the API.
 type Server struct {
@@ -85,6 +107,9 @@ type Server struct {
 func New(deps Deps) http.Handler {
 	if deps.KeyWait <= 0 {
 		deps.KeyWait = 5 * time.Second
+	}
+	if deps.ReadWait <= 0 {
+		deps.ReadWait = 2 * time.Second
 	}
 	s := &Server{Deps: deps}
 	return s.routes()

@@ -2,17 +2,16 @@ package projection
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/acme/orders/domain"
 )
 
-// OrderViews keeps order_views: each order as clients read it. It applies an
-// order's events strictly in version order: an event for version v changes
-// the view only when the view is at v-1.
+// OrderViews keeps order_views: every order as clients read it, including
+// the timestamps its status history is derived from.
 type OrderViews struct{}
 
 var _ Projection = OrderViews{}
@@ -21,49 +20,89 @@ var _ Projection = OrderViews{}
 func (OrderViews) Name() string { return "order_views" }
 
 const (
-	orderViewVersionSQL = `
-SELECT version FROM order_views WHERE tenant_id = $1 AND order_id = $2 FOR UPDATE`
-
 	orderViewInsertSQL = `
 INSERT INTO order_views (tenant_id, order_id, customer_id, status, currency, items, total, version, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)`
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+ON CONFLICT (tenant_id, order_id) DO NOTHING`
 
+	orderViewPaidSQL = `
+UPDATE order_views SET status = $3, paid_at = $4, version = $5, updated_at = $4
+WHERE tenant_id = $1 AND order_id = $2`
+
+	orderViewShippedSQL = `
+UPDATE order_views SET status = $3, shipped_at = $4, version = $5, updated_at = $4
+WHERE tenant_id = $1 AND order_id = $2`
+
+	orderViewCancelledSQL = `
+UPDATE order_views SET status = $3, cancelled_at = $4, version = $5, updated_at = $4, cancel_reason = $6
+WHERE tenant_id = $1 AND order_id = $2`
+
+	orderViewUpdatedSQL = `
+UPDATE order_views SET shipping_address = $3, note = $4, version = $5, updated_at = $6
+WHERE tenant_id = $1 AND order_id = $2`
+
+	// An event type this projection does not know still moves the version.
 	orderViewBumpSQL = `
 UPDATE order_views SET version = $3, updated_at = $4 WHERE tenant_id = $1 AND order_id = $2`
 )
 
-// Apply implements Projection.
-func (OrderViews) Apply(ctx context.Context, tx pgx.Tx, env domain.Envelope) (Outcome, error) {
-	var created domain.OrderCreated
-	if env.Type == domain.TypeOrderCreated {
-		if err := env.Decode(&created); err != nil {
-			return Malformed, err
+// Apply implements Projection: one statement per event, sent as one batch.
+func (OrderViews) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope) error {
+	b := &pgx.Batch{}
+	for _, env := range events {
+		t, id, v := env.TenantID, env.AggregateID, env.AggregateVersion
+		switch env.Type {
+		case domain.TypeOrderCreated:
+			e, err := decode[domain.OrderCreated](env)
+			if err != nil {
+				return err
+			}
+			b.Queue(orderViewInsertSQL, t, id, e.CustomerID, e.Status, e.Currency, e.Items, e.Total, v, e.CreatedAt)
+			continue // a view that exists already (an earlier life of it) stays
+		case domain.TypeOrderPaid:
+			e, err := decode[domain.OrderPaid](env)
+			if err != nil {
+				return err
+			}
+			queueOne(b, env, orderViewPaidSQL, t, id, e.Status, e.At, v)
+		case domain.TypeOrderShipped:
+			e, err := decode[domain.OrderShipped](env)
+			if err != nil {
+				return err
+			}
+			queueOne(b, env, orderViewShippedSQL, t, id, e.Status, e.At, v)
+		case domain.TypeOrderCancelled:
+			e, err := decode[domain.OrderCancelled](env)
+			if err != nil {
+				return err
+			}
+			queueOne(b, env, orderViewCancelledSQL, t, id, e.Status, e.At, v, e.Reason)
+		case domain.TypeOrderUpdated:
+			e, err := decode[domain.OrderUpdated](env)
+			if err != nil {
+				return err
+			}
+			queueOne(b, env, orderViewUpdatedSQL, t, id, e.ShippingAddress, e.Note, v, e.At)
+		default:
+			queueOne(b, env, orderViewBumpSQL, t, id, v, env.OccurredAt)
 		}
 	}
+	return tx.SendBatch(ctx, b).Close()
+}
 
-	var version int64
-	err := tx.QueryRow(ctx, orderViewVersionSQL, env.TenantID, env.AggregateID).Scan(&version)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("read order view version: %w", err)
-	}
-	switch {
-	case version >= env.AggregateVersion:
-		return Stale, nil
-	case version < env.AggregateVersion-1:
-		return Gap, nil
-	}
+// queueOne queues an update that must hit exactly the event's view row.
+func queueOne(b *pgx.Batch, env domain.Envelope, sql string, args ...any) {
+	b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("apply %s v%d: no view of order %s", env.Type, env.AggregateVersion, env.AggregateID)
+		}
+		return nil
+	})
+}
 
-	switch env.Type {
-	case domain.TypeOrderCreated:
-		_, err = tx.Exec(ctx, orderViewInsertSQL, env.TenantID, env.AggregateID, created.CustomerID, created.Status,
-			created.Currency, created.Items, created.Total, env.AggregateVersion, created.CreatedAt)
-	default:
-		// An event this projection does not know still moves the version on,
-		// so that the aggregate's later events are not stuck behind it.
-		_, err = tx.Exec(ctx, orderViewBumpSQL, env.TenantID, env.AggregateID, env.AggregateVersion, env.OccurredAt)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("apply %s to order view: %w", env.Type, err)
-	}
-	return Applied, nil
+// decode unmarshals an event's data, wrapping domain.ErrMalformedEvent.
+func decode[T any](env domain.Envelope) (T, error) {
+	var v T
+	err := env.Decode(&v)
+	return v, err
 }

@@ -22,8 +22,8 @@ const (
 	Applied Outcome = iota + 1
 	// Duplicate: the inbox already had the event; nothing was done.
 	Duplicate
-	// Stale: the read model is already at or past the event's aggregate
-	// version (e.g. after a rebuild); nothing was done.
+	// Stale: the projection is already at or past the event's aggregate
+	// version; nothing was done.
 	Stale
 	// Gap: an earlier event of the aggregate has not been applied yet; the
 	// event is retried later.
@@ -50,14 +50,15 @@ func (o Outcome) String() string {
 
 // Projection keeps one read model up to date.
 type Projection interface {
-	// Name identifies the projection: its durable consumer, inbox rows and
-	// checkpoint carry it. It must be a valid JetStream consumer name.
+	// Name identifies the projection: its durable consumer, inbox rows,
+	// positions and checkpoint carry it. It must be a valid JetStream
+	// consumer name.
 	Name() string
-	// Apply applies env to the read model inside tx and says what it did. It
-	// is called at most once per event id (the runner's inbox sees to that),
-	// but an event may arrive before its predecessors: Apply must return Gap
-	// then, and Stale for an event the model is already past. It must decode
-	// the event's data before it writes, returning an error that wraps
-	// domain.ErrMalformedEvent if the data is unusable.
-	Apply(ctx context.Context, tx pgx.Tx, env domain.Envelope) (Outcome, error)
+	// Apply applies events to the read model inside tx. The runner has
+	// already made sure that each event is new (inbox) and next in line for
+	// its aggregate (positions), and passes an aggregate's events in version
+	// order. Apply must decode every event before it writes anything,
+	// returning an error that wraps domain.ErrMalformedEvent if one is
+	// unusable, and must ignore event types it does not know.
+	Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope) error
 }

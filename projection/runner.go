@@ -176,11 +176,12 @@ func collect(ctx context.Context, msgs <-chan jetstream.Msg, max int) []jetstrea
 
 // event is one delivered message on its way through a batch.
 type event struct {
-	msg     jetstream.Msg
-	env     domain.Envelope
-	seq     uint64
-	outcome Outcome
-	err     error
+	msg         jetstream.Msg
+	env         domain.Envelope
+	seq         uint64
+	undecodable bool // not an envelope at all
+	outcome     Outcome
+	err         error
 }
 
 // Process applies msgs in one transaction and then settles each message:
@@ -188,14 +189,17 @@ type event struct {
 // malformed. If the batch transaction fails, each event is tried in a
 // transaction of its own, so one bad event cannot hold up the others.
 func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
-	events := decode(msgs)
+	events := decodeMessages(msgs)
 	if err := r.commit(ctx, events); err != nil {
 		r.logger.WarnContext(ctx, "batch failed; applying its events one by one", "events", len(events), "err", err)
 		for _, e := range events {
-			if e.outcome == Malformed {
+			if e.undecodable {
 				continue
 			}
-			if err := r.commit(ctx, []*event{e}); err != nil {
+			switch err := r.commit(ctx, []*event{e}); {
+			case errors.Is(err, domain.ErrMalformedEvent):
+				e.outcome, e.err = Malformed, err
+			case err != nil:
 				e.err = err
 			}
 		}
@@ -203,7 +207,7 @@ func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 	r.settle(ctx, events)
 }
 
-func decode(msgs []jetstream.Msg) []*event {
+func decodeMessages(msgs []jetstream.Msg) []*event {
 	events := make([]*event, len(msgs))
 	for i, m := range msgs {
 		e := &event{msg: m}
@@ -212,7 +216,7 @@ func decode(msgs []jetstream.Msg) []*event {
 		}
 		e.env, e.err = domain.DecodeEnvelope(m.Data())
 		if e.err != nil {
-			e.outcome = Malformed
+			e.outcome, e.undecodable = Malformed, true
 		}
 		events[i] = e
 	}
@@ -230,61 +234,144 @@ func decode(msgs []jetstream.Msg) []*event {
 }
 
 const (
+	positionsLockSQL = `
+SELECT aggregate_id, version FROM projection_positions
+WHERE projection = $1 AND aggregate_id = ANY($2)
+ORDER BY aggregate_id
+FOR UPDATE`
+
+	positionsAdvanceSQL = `
+INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)
+SELECT $1, tenant_id, aggregate_id, version FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS p(tenant_id, aggregate_id, version)
+ORDER BY aggregate_id
+ON CONFLICT (projection, aggregate_id) DO UPDATE
+SET version = GREATEST(projection_positions.version, EXCLUDED.version)`
+
 	inboxInsertSQL = `
 INSERT INTO inbox (projection, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
-VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (projection, event_id) DO NOTHING`
-
-	inboxDeleteSQL = `DELETE FROM inbox WHERE projection = $1 AND event_id = $2`
+SELECT $1, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq
+FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bigint[], $6::bigint[])
+     AS i(event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
+ON CONFLICT (projection, event_id) DO NOTHING
+RETURNING event_id`
 
 	checkpointAdvanceSQL = `
 INSERT INTO projection_checkpoints (projection, stream_seq, updated_at)
 VALUES ($1, $2, now())
 ON CONFLICT (projection) DO UPDATE
 SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq), updated_at = now()`
+
+	// Wakes readers waiting to read their own writes (query.Changes).
+	notifyAppliedSQL = `SELECT pg_notify('projection_applied', $1)`
 )
 
-// commit applies the well-formed events in one transaction: for each, an
-// inbox insert and, if the event is new, the projection's Apply. An event
-// that turns out to be a gap or malformed has its inbox row removed again, so
-// its redelivery (or a corrected copy) is not mistaken for a duplicate.
+// commit applies the well-formed events in one transaction:
+//
+//  1. lock the projection's position of every aggregate in the batch and
+//     sort each event: next in line (applied), already passed (stale), or
+//     ahead of a missing predecessor (gap, left for redelivery);
+//  2. record applied and stale events in the inbox; one already there is a
+//     duplicate and is not applied again;
+//  3. apply the new events, advance the positions and the checkpoint, and
+//     notify waiting readers.
 func (r *Runner) commit(ctx context.Context, events []*event) error {
 	name := r.proj.Name()
 	return postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
-		var maxSeq uint64
+		var live []*event
+		var aggregates []uuid.UUID
 		for _, e := range events {
-			if e.err != nil && e.outcome == Malformed {
+			if e.undecodable {
 				continue
 			}
 			e.outcome, e.err = 0, nil // a retried transaction starts afresh
-			env := e.env
-			tag, err := tx.Exec(ctx, inboxInsertSQL, name, env.ID, env.TenantID, env.AggregateID, env.AggregateVersion, int64(e.seq))
-			if err != nil {
-				return fmt.Errorf("insert inbox row: %w", err)
+			live = append(live, e)
+			if len(aggregates) == 0 || aggregates[len(aggregates)-1] != e.env.AggregateID {
+				aggregates = append(aggregates, e.env.AggregateID)
 			}
-			if tag.RowsAffected() == 0 {
+		}
+		if len(live) == 0 {
+			return nil
+		}
+
+		rows, _ := tx.Query(ctx, positionsLockSQL, name, aggregates)
+		positions := make(map[uuid.UUID]int64, len(aggregates))
+		var aggID uuid.UUID
+		var version int64
+		if _, err := pgx.ForEachRow(rows, []any{&aggID, &version}, func() error {
+			positions[aggID] = version
+			return nil
+		}); err != nil {
+			return fmt.Errorf("lock projection positions: %w", err)
+		}
+		var recorded []*event // applied or stale: they go into the inbox
+		seen := make(map[uuid.UUID]bool, len(live))
+		for _, e := range live { // in (aggregate, version) order
+			if seen[e.env.ID] { // the same event twice in one batch
 				e.outcome = Duplicate
 				continue
 			}
-			e.outcome, err = r.proj.Apply(ctx, tx, env)
-			switch {
-			case errors.Is(err, domain.ErrMalformedEvent):
-				e.outcome, e.err = Malformed, err
-			case err != nil:
-				return fmt.Errorf("event %s: %w", env.ID, err)
-			}
-			if e.outcome == Gap || e.outcome == Malformed {
-				if _, err := tx.Exec(ctx, inboxDeleteSQL, name, env.ID); err != nil {
-					return fmt.Errorf("delete inbox row: %w", err)
-				}
+			seen[e.env.ID] = true
+			pos := positions[e.env.AggregateID]
+			switch v := e.env.AggregateVersion; {
+			case v <= pos:
+				e.outcome = Stale
+			case v == pos+1:
+				e.outcome = Applied
+				positions[e.env.AggregateID] = v
+			default:
+				e.outcome = Gap
 				continue
 			}
-			maxSeq = max(maxSeq, e.seq)
+			recorded = append(recorded, e)
 		}
-		if maxSeq > 0 {
-			if _, err := tx.Exec(ctx, checkpointAdvanceSQL, name, int64(maxSeq)); err != nil {
-				return fmt.Errorf("advance checkpoint: %w", err)
+		if len(recorded) == 0 {
+			return nil
+		}
+
+		n := len(recorded)
+		ids, tenants, aggs := make([]uuid.UUID, n), make([]string, n), make([]uuid.UUID, n)
+		versions, seqs := make([]int64, n), make([]int64, n)
+		for i, e := range recorded {
+			ids[i], tenants[i], aggs[i] = e.env.ID, e.env.TenantID, e.env.AggregateID
+			versions[i], seqs[i] = e.env.AggregateVersion, int64(e.seq)
+		}
+		rows, _ = tx.Query(ctx, inboxInsertSQL, name, ids, tenants, aggs, versions, seqs)
+		inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return fmt.Errorf("insert inbox rows: %w", err)
+		}
+		isNew := make(map[uuid.UUID]bool, len(inserted))
+		for _, id := range inserted {
+			isNew[id] = true
+		}
+
+		var apply []domain.Envelope
+		var maxSeq uint64
+		tenants, aggs, versions = tenants[:0], aggs[:0], versions[:0]
+		for _, e := range recorded {
+			maxSeq = max(maxSeq, e.seq)
+			if !isNew[e.env.ID] {
+				e.outcome = Duplicate
+				continue
 			}
+			if e.outcome == Applied {
+				apply = append(apply, e.env)
+				tenants, aggs, versions = append(tenants, e.env.TenantID), append(aggs, e.env.AggregateID), append(versions, e.env.AggregateVersion)
+			}
+		}
+		if len(apply) > 0 {
+			if err := r.proj.Apply(ctx, tx, apply); err != nil {
+				return fmt.Errorf("apply %d events: %w", len(apply), err)
+			}
+			if _, err := tx.Exec(ctx, positionsAdvanceSQL, name, tenants, aggs, versions); err != nil {
+				return fmt.Errorf("advance projection positions: %w", err)
+			}
+			if _, err := tx.Exec(ctx, notifyAppliedSQL, name); err != nil {
+				return fmt.Errorf("notify: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, checkpointAdvanceSQL, name, int64(maxSeq)); err != nil {
+			return fmt.Errorf("advance checkpoint: %w", err)
 		}
 		return nil
 	})
@@ -302,7 +389,7 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			r.logger.ErrorContext(ctx, "event failed; will be redelivered", "event_id", e.env.ID, "err", e.err)
 			err = e.msg.NakWithDelay(redeliveryDelay(e.msg))
 		case e.outcome == Gap:
-			err = e.msg.NakWithDelay(r.cfg.GapDelay)
+			err = e.msg.NakWithDelay(r.gapDelay(e.msg))
 		default:
 			err = e.msg.Ack()
 		}
@@ -313,6 +400,17 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			r.stats[e.outcome].Add(1)
 		}
 	}
+}
+
+// gapDelay is how long an event waits for its predecessor: GapDelay, doubling
+// with each delivery up to 30s, so an event stuck behind a lost predecessor
+// costs little while it waits.
+func (r *Runner) gapDelay(m jetstream.Msg) time.Duration {
+	n := uint64(1)
+	if meta, err := m.Metadata(); err == nil {
+		n = meta.NumDelivered
+	}
+	return min(r.cfg.GapDelay<<min(n-1, 10), 30*time.Second)
 }
 
 // redeliveryDelay backs off with the number of deliveries: 1s, 2s, 4s … 1m.

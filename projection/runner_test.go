@@ -167,7 +167,7 @@ func TestCommitThenCrashBeforeAckIsANoOpOnRedelivery(t *testing.T) {
 	if len(msgs) != 1 {
 		t.Fatalf("fetched %d messages, want 1", len(msgs))
 	}
-	if err := f.runner.commit(ctx, decode(msgs)); err != nil {
+	if err := f.runner.commit(ctx, decodeMessages(msgs)); err != nil {
 		t.Fatal(err)
 	}
 

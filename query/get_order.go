@@ -1,12 +1,15 @@
 // Package query answers reads from the read models that the projector keeps.
 // What it returns is eventually consistent with the write model: a command's
-// effect shows up here once its events have been projected.
+// effect shows up here once its events have been projected. A reader that
+// must see its own write names the version it wrote (min_version) and waits,
+// bounded, until the view has caught up (see Changes).
 package query
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -16,41 +19,67 @@ import (
 
 // Querier runs read queries; *pgxpool.Pool is one.
 type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// GetOrder asks for one order of a tenant.
+// GetOrder asks for one order of a tenant, at MinVersion or later if set,
+// waiting up to Wait for the view to get there.
 type GetOrder struct {
-	TenantID string
-	ID       uuid.UUID
+	TenantID   string
+	ID         uuid.UUID
+	MinVersion int64
+	Wait       time.Duration
 }
 
 // GetOrderHandler handles GetOrder.
 type GetOrderHandler struct {
-	db Querier
+	db      Querier
+	changes *Changes
 }
 
-// NewGetOrderHandler returns a GetOrderHandler reading from db.
-func NewGetOrderHandler(db Querier) GetOrderHandler { return GetOrderHandler{db: db} }
+// NewGetOrderHandler returns a GetOrderHandler reading from db; changes
+// (may be nil: no waiting) wakes it when the projector applied something.
+func NewGetOrderHandler(db Querier, changes *Changes) GetOrderHandler {
+	return GetOrderHandler{db: db, changes: changes}
+}
 
-const orderViewGetSQL = `
-SELECT order_id, tenant_id, customer_id, status, currency, items, total, version, created_at, updated_at
-FROM order_views
-WHERE tenant_id = $1 AND order_id = $2`
+const orderViewColumns = `order_id, tenant_id, customer_id, status, currency, items, total, version, created_at, updated_at,
+       paid_at, shipped_at, cancelled_at, cancel_reason, shipping_address, note`
 
-// Handle returns the order as the read model has it, or a KindNotFound
-// *domain.Error if the read model has no such order for the tenant (not yet,
-// or never).
+const orderViewGetSQL = `SELECT ` + orderViewColumns + ` FROM order_views WHERE tenant_id = $1 AND order_id = $2`
+
+// Handle returns the order as the read model has it. It returns a
+// KindNotFound *domain.Error if the read model has no such order for the
+// tenant, and a *BehindError if the view did not reach q.MinVersion within
+// q.Wait.
 func (h GetOrderHandler) Handle(ctx context.Context, q GetOrder) (domain.Order, error) {
 	var o domain.Order
-	err := h.db.QueryRow(ctx, orderViewGetSQL, q.TenantID, q.ID).Scan(
-		&o.ID, &o.TenantID, &o.CustomerID, &o.Status, &o.Currency, &o.Items, &o.Total, &o.Version, &o.CreatedAt, &o.UpdatedAt)
+	err := awaitVersion(ctx, h.changes, q.MinVersion, q.Wait, func() (int64, error) {
+		var err error
+		o, err = h.get(ctx, q)
+		if domain.KindOf(err) == domain.KindNotFound && q.MinVersion > 0 {
+			return 0, nil // not projected yet: wait for it like for any version
+		}
+		return o.Version, err
+	})
+	return o, err
+}
+
+func (h GetOrderHandler) get(ctx context.Context, q GetOrder) (domain.Order, error) {
+	o, err := scanOrder(h.db.QueryRow(ctx, orderViewGetSQL, q.TenantID, q.ID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return domain.Order{}, domain.Errorf(domain.KindNotFound, "order %s not found", q.ID)
 	}
 	if err != nil {
 		return domain.Order{}, fmt.Errorf("get order view: %w", err)
 	}
-	o.CreatedAt, o.UpdatedAt = o.CreatedAt.UTC(), o.UpdatedAt.UTC()
 	return o, nil
+}
+
+func scanOrder(row pgx.Row) (domain.Order, error) {
+	var o domain.Order
+	err := row.Scan(&o.ID, &o.TenantID, &o.CustomerID, &o.Status, &o.Currency, &o.Items, &o.Total, &o.Version,
+		&o.CreatedAt, &o.UpdatedAt, &o.PaidAt, &o.ShippedAt, &o.CancelledAt, &o.CancelReason, &o.ShippingAddress, &o.Note)
+	return o.UTC(), err
 }

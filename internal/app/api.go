@@ -175,14 +175,25 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		wg.Go(func() { relay.Run(bgCtx) })
 	}
 
+	// Read-your-writes: the projector NOTIFYs when it applied something.
+	changes := query.NewChanges()
+	wg.Go(func() { postgres.Listen(bgCtx, pool, "projection_applied", logger, changes.Notify) })
+
 	handler := httpapi.New(httpapi.Deps{
-		Logger:      logger,
-		Auth:        auth.NewClients(pool, 30*time.Second),
-		Idempotency: idem,
-		Keys:        idem,
-		CreateOrder: command.NewCreateOrderHandler(),
-		GetOrder:    query.NewGetOrderHandler(pool),
-		KeyWait:     cfg.keyWait,
+		Logger:             logger,
+		Auth:               auth.NewClients(pool, 30*time.Second),
+		Idempotency:        idem,
+		Keys:               idem,
+		CreateOrder:        command.NewCreateOrderHandler(),
+		PayOrder:           command.NewPayOrderHandler(),
+		ShipOrder:          command.NewShipOrderHandler(),
+		CancelOrder:        command.NewCancelOrderHandler(),
+		UpdateOrder:        command.NewUpdateOrderHandler(),
+		GetOrder:           query.NewGetOrderHandler(pool, changes),
+		ListOrders:         query.NewListOrdersHandler(pool),
+		GetCustomerSummary: query.NewGetCustomerSummaryHandler(pool, changes),
+		GetDailySales:      query.NewGetDailySalesHandler(pool),
+		KeyWait:            cfg.keyWait,
 		Checks: map[string]health.Check{
 			"postgres": pingPool(pool),
 			"nats":     NATSReady(nc),

@@ -56,8 +56,11 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		return fmt.Errorf("jetstream: %w", err)
 	}
 
-	runners := []*projection.Runner{
-		projection.NewRunner(pool, js, projection.OrderViews{}, logger, projection.Config{BatchSize: *batchSize}),
+	// Each projection has its own durable consumer, inbox rows, positions
+	// and checkpoint.
+	var runners []*projection.Runner
+	for _, p := range []projection.Projection{projection.OrderViews{}, projection.CustomerSummaries{}, projection.DailySales{}} {
+		runners = append(runners, projection.NewRunner(pool, js, p, logger, projection.Config{BatchSize: *batchSize}))
 	}
 	// The runners and the health server stop together: when ctx ends, or when
 	// any of them fails. Each runner finishes and acks its batch in hand.

@@ -1,0 +1,36 @@
+package command
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+)
+
+// CancelOrder cancels a pending or paid order.
+type CancelOrder struct {
+	TenantID string    `json:"-"`
+	OrderID  uuid.UUID `json:"order_id"`
+	Reason   string    `json:"reason"`
+}
+
+// Validate checks the command's own fields before any database work.
+func (c CancelOrder) Validate() error { return domain.ValidateReason(c.Reason) }
+
+// CancelOrderHandler handles CancelOrder.
+type CancelOrderHandler struct{ now func() time.Time }
+
+// NewCancelOrderHandler returns a CancelOrderHandler on the wall clock.
+func NewCancelOrderHandler() CancelOrderHandler { return CancelOrderHandler{now: now} }
+
+// Handle cancels the order in tx and returns it. Cancelling a cancelled
+// order changes nothing; cancelling a shipped one is a KindConflict
+// *domain.Error.
+func (h CancelOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd CancelOrder) (domain.Order, error) {
+	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
+		return o.Cancel(cmd.Reason, h.now())
+	})
+}

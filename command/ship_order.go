@@ -1,0 +1,32 @@
+package command
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+)
+
+// ShipOrder records that a paid order was shipped.
+type ShipOrder struct {
+	TenantID string    `json:"-"`
+	OrderID  uuid.UUID `json:"order_id"`
+}
+
+// ShipOrderHandler handles ShipOrder.
+type ShipOrderHandler struct{ now func() time.Time }
+
+// NewShipOrderHandler returns a ShipOrderHandler on the wall clock.
+func NewShipOrderHandler() ShipOrderHandler { return ShipOrderHandler{now: now} }
+
+// Handle ships the order in tx and returns it. Shipping a shipped order
+// changes nothing; shipping a pending or cancelled one is a KindConflict
+// *domain.Error.
+func (h ShipOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd ShipOrder) (domain.Order, error) {
+	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
+		return o.Ship(h.now())
+	})
+}

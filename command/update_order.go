@@ -1,0 +1,35 @@
+package command
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+)
+
+// UpdateOrder changes the details of a pending or paid order that the
+// caller saw at ExpectedVersion.
+type UpdateOrder struct {
+	TenantID        string    `json:"-"`
+	OrderID         uuid.UUID `json:"order_id"`
+	ExpectedVersion int64     `json:"expected_version"`
+	domain.Patch
+}
+
+// UpdateOrderHandler handles UpdateOrder.
+type UpdateOrderHandler struct{ now func() time.Time }
+
+// NewUpdateOrderHandler returns an UpdateOrderHandler on the wall clock.
+func NewUpdateOrderHandler() UpdateOrderHandler { return UpdateOrderHandler{now: now} }
+
+// Handle applies the patch in tx and returns the order. A stale
+// ExpectedVersion is a KindPreconditionFailed *domain.Error, a shipped or
+// cancelled order a KindConflict one; a patch that changes nothing is a no-op.
+func (h UpdateOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd UpdateOrder) (domain.Order, error) {
+	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
+		return o.Update(cmd.Patch, cmd.ExpectedVersion, h.now())
+	})
+}

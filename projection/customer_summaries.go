@@ -1,0 +1,129 @@
+package projection
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+)
+
+// CustomerSummaries keeps customer_summaries: per tenant, customer and
+// currency, how many orders are in each status, how much was paid and
+// refunded, and when the last order was placed. It is built from deltas, so
+// it depends on the runner's inbox and positions to see each event once.
+type CustomerSummaries struct{}
+
+var _ Projection = CustomerSummaries{}
+
+// Name implements Projection.
+func (CustomerSummaries) Name() string { return "customer_summaries" }
+
+type summaryKey struct{ tenant, customer, currency string }
+
+type summaryDelta struct {
+	byStatus       map[domain.Status]int64
+	paid, refunded int64
+	lastOrderAt    *time.Time
+}
+
+const customerSummariesUpsertSQL = `
+INSERT INTO customer_summaries AS s (tenant_id, customer_id, currency, orders_pending, orders_paid,
+    orders_shipped, orders_cancelled, total_paid, total_refunded, last_order_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
+    $7::bigint[], $8::bigint[], $9::bigint[], $10::timestamptz[])
+ON CONFLICT (tenant_id, customer_id, currency) DO UPDATE SET
+    orders_pending   = s.orders_pending + EXCLUDED.orders_pending,
+    orders_paid      = s.orders_paid + EXCLUDED.orders_paid,
+    orders_shipped   = s.orders_shipped + EXCLUDED.orders_shipped,
+    orders_cancelled = s.orders_cancelled + EXCLUDED.orders_cancelled,
+    total_paid       = s.total_paid + EXCLUDED.total_paid,
+    total_refunded   = s.total_refunded + EXCLUDED.total_refunded,
+    last_order_at    = GREATEST(s.last_order_at, EXCLUDED.last_order_at)`
+
+// Apply implements Projection: it sums the batch's deltas per summary row and
+// writes them in one statement, rows in key order (so concurrent workers
+// lock shared rows in the same order and cannot deadlock).
+func (CustomerSummaries) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope) error {
+	deltas := map[summaryKey]*summaryDelta{}
+	delta := func(tenant, customer, currency string) *summaryDelta {
+		k := summaryKey{tenant, customer, currency}
+		d := deltas[k]
+		if d == nil {
+			d = &summaryDelta{byStatus: map[domain.Status]int64{}}
+			deltas[k] = d
+		}
+		return d
+	}
+	move := func(env domain.Envelope, t domain.Transition) *summaryDelta {
+		d := delta(env.TenantID, t.CustomerID, t.Currency)
+		d.byStatus[t.From]--
+		d.byStatus[t.Status]++
+		return d
+	}
+	for _, env := range events {
+		switch env.Type {
+		case domain.TypeOrderCreated:
+			e, err := decode[domain.OrderCreated](env)
+			if err != nil {
+				return err
+			}
+			d := delta(env.TenantID, e.CustomerID, e.Currency)
+			d.byStatus[domain.StatusPending]++
+			if d.lastOrderAt == nil || e.CreatedAt.After(*d.lastOrderAt) {
+				d.lastOrderAt = &e.CreatedAt
+			}
+		case domain.TypeOrderPaid:
+			e, err := decode[domain.OrderPaid](env)
+			if err != nil {
+				return err
+			}
+			move(env, e.Transition).paid += e.Total
+		case domain.TypeOrderShipped:
+			e, err := decode[domain.OrderShipped](env)
+			if err != nil {
+				return err
+			}
+			move(env, e.Transition)
+		case domain.TypeOrderCancelled:
+			e, err := decode[domain.OrderCancelled](env)
+			if err != nil {
+				return err
+			}
+			move(env, e.Transition).refunded += e.Refunded
+		}
+	}
+	if len(deltas) == 0 {
+		return nil
+	}
+
+	keys := make([]summaryKey, 0, len(deltas))
+	for k := range deltas {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b summaryKey) int {
+		return cmp.Or(cmp.Compare(a.tenant, b.tenant), cmp.Compare(a.customer, b.customer), cmp.Compare(a.currency, b.currency))
+	})
+	var tenants, customers, currencies []string
+	var pending, paid, shipped, cancelled, totalPaid, totalRefunded []int64
+	var last []*time.Time
+	for _, k := range keys {
+		d := deltas[k]
+		tenants, customers, currencies = append(tenants, k.tenant), append(customers, k.customer), append(currencies, k.currency)
+		pending = append(pending, d.byStatus[domain.StatusPending])
+		paid = append(paid, d.byStatus[domain.StatusPaid])
+		shipped = append(shipped, d.byStatus[domain.StatusShipped])
+		cancelled = append(cancelled, d.byStatus[domain.StatusCancelled])
+		totalPaid, totalRefunded = append(totalPaid, d.paid), append(totalRefunded, d.refunded)
+		last = append(last, d.lastOrderAt)
+	}
+	if _, err := tx.Exec(ctx, customerSummariesUpsertSQL, tenants, customers, currencies,
+		pending, paid, shipped, cancelled, totalPaid, totalRefunded, last); err != nil {
+		return fmt.Errorf("upsert customer summaries: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,104 @@
+package projection
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+)
+
+// DailySales keeps daily_sales: per tenant, UTC day and currency, the orders
+// placed, the amount paid and the amount refunded that day. Built from
+// deltas, like CustomerSummaries.
+type DailySales struct{}
+
+var _ Projection = DailySales{}
+
+// Name implements Projection.
+func (DailySales) Name() string { return "daily_sales" }
+
+type salesKey struct {
+	tenant   string
+	day      time.Time // midnight UTC
+	currency string
+}
+
+type salesDelta struct{ orders, paid, refunded int64 }
+
+const dailySalesUpsertSQL = `
+INSERT INTO daily_sales AS s (tenant_id, day, currency, orders, paid_amount, refunded_amount)
+SELECT * FROM unnest($1::text[], $2::date[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
+ON CONFLICT (tenant_id, day, currency) DO UPDATE SET
+    orders          = s.orders + EXCLUDED.orders,
+    paid_amount     = s.paid_amount + EXCLUDED.paid_amount,
+    refunded_amount = s.refunded_amount + EXCLUDED.refunded_amount`
+
+// Day returns the UTC calendar day of t, the unit daily_sales counts in.
+func Day(t time.Time) time.Time {
+	y, m, d := t.UTC().Date()
+	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+}
+
+// Apply implements Projection: the batch's deltas per row, written in one
+// statement in key order.
+func (DailySales) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope) error {
+	deltas := map[salesKey]*salesDelta{}
+	delta := func(tenant string, at time.Time, currency string) *salesDelta {
+		k := salesKey{tenant, Day(at), currency}
+		if deltas[k] == nil {
+			deltas[k] = &salesDelta{}
+		}
+		return deltas[k]
+	}
+	for _, env := range events {
+		switch env.Type {
+		case domain.TypeOrderCreated:
+			e, err := decode[domain.OrderCreated](env)
+			if err != nil {
+				return err
+			}
+			delta(env.TenantID, e.CreatedAt, e.Currency).orders++
+		case domain.TypeOrderPaid:
+			e, err := decode[domain.OrderPaid](env)
+			if err != nil {
+				return err
+			}
+			delta(env.TenantID, e.At, e.Currency).paid += e.Total
+		case domain.TypeOrderCancelled:
+			e, err := decode[domain.OrderCancelled](env)
+			if err != nil {
+				return err
+			}
+			if e.Refunded > 0 {
+				delta(env.TenantID, e.At, e.Currency).refunded += e.Refunded
+			}
+		}
+	}
+	if len(deltas) == 0 {
+		return nil
+	}
+	keys := make([]salesKey, 0, len(deltas))
+	for k := range deltas {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b salesKey) int {
+		return cmp.Or(cmp.Compare(a.tenant, b.tenant), a.day.Compare(b.day), cmp.Compare(a.currency, b.currency))
+	})
+	var tenants, currencies []string
+	var days []time.Time
+	var orders, paid, refunded []int64
+	for _, k := range keys {
+		d := deltas[k]
+		tenants, days, currencies = append(tenants, k.tenant), append(days, k.day), append(currencies, k.currency)
+		orders, paid, refunded = append(orders, d.orders), append(paid, d.paid), append(refunded, d.refunded)
+	}
+	if _, err := tx.Exec(ctx, dailySalesUpsertSQL, tenants, days, currencies, orders, paid, refunded); err != nil {
+		return fmt.Errorf("upsert daily sales: %w", err)
+	}
+	return nil
+}

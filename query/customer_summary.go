@@ -1,0 +1,110 @@
+package query
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+)
+
+// Position names an order version that a reader has seen (from a command's
+// response): "the read model must include this write".
+type Position struct {
+	OrderID uuid.UUID
+	Version int64
+}
+
+// GetCustomerSummary asks for a customer's summary, including the effect of
+// MinPosition if set (waiting up to Wait for it).
+type GetCustomerSummary struct {
+	TenantID    string
+	CustomerID  string
+	MinPosition *Position
+	Wait        time.Duration
+}
+
+// CustomerSummary is a customer's orders by current status, money paid and
+// refunded per currency, and when the last order was placed.
+type CustomerSummary struct {
+	CustomerID  string
+	ByStatus    map[domain.Status]int64
+	Totals      []CurrencyTotals
+	LastOrderAt time.Time
+}
+
+// CurrencyTotals are a customer's money in one currency.
+type CurrencyTotals struct {
+	Currency string
+	Paid     int64
+	Refunded int64
+}
+
+// GetCustomerSummaryHandler handles GetCustomerSummary.
+type GetCustomerSummaryHandler struct {
+	db      Querier
+	changes *Changes
+}
+
+// NewGetCustomerSummaryHandler returns a handler reading from db, woken by changes.
+func NewGetCustomerSummaryHandler(db Querier, changes *Changes) GetCustomerSummaryHandler {
+	return GetCustomerSummaryHandler{db: db, changes: changes}
+}
+
+const (
+	customerSummaryGetSQL = `
+SELECT currency, orders_pending, orders_paid, orders_shipped, orders_cancelled, total_paid, total_refunded, last_order_at
+FROM customer_summaries
+WHERE tenant_id = $1 AND customer_id = $2
+ORDER BY currency`
+
+	// The position of one order in a projection (0 if none yet).
+	projectionPositionSQL = `
+SELECT coalesce(max(version), 0) FROM projection_positions
+WHERE projection = $1 AND tenant_id = $2 AND aggregate_id = $3`
+)
+
+// Handle returns the summary. It returns a KindNotFound *domain.Error when
+// the customer has no orders (in the read model), and a *BehindError when
+// the projection did not reach q.MinPosition within q.Wait.
+func (h GetCustomerSummaryHandler) Handle(ctx context.Context, q GetCustomerSummary) (CustomerSummary, error) {
+	if p := q.MinPosition; p != nil {
+		err := awaitVersion(ctx, h.changes, p.Version, q.Wait, func() (int64, error) {
+			var v int64
+			err := h.db.QueryRow(ctx, projectionPositionSQL, "customer_summaries", q.TenantID, p.OrderID).Scan(&v)
+			return v, err
+		})
+		if err != nil {
+			return CustomerSummary{}, err
+		}
+	}
+	s := CustomerSummary{CustomerID: q.CustomerID, ByStatus: map[domain.Status]int64{}}
+	rows, _ := h.db.Query(ctx, customerSummaryGetSQL, q.TenantID, q.CustomerID)
+	var (
+		t                                 CurrencyTotals
+		pending, paid, shipped, cancelled int64
+		last                              *time.Time
+	)
+	_, err := pgx.ForEachRow(rows, []any{&t.Currency, &pending, &paid, &shipped, &cancelled, &t.Paid, &t.Refunded, &last}, func() error {
+		s.ByStatus[domain.StatusPending] += pending
+		s.ByStatus[domain.StatusPaid] += paid
+		s.ByStatus[domain.StatusShipped] += shipped
+		s.ByStatus[domain.StatusCancelled] += cancelled
+		s.Totals = append(s.Totals, t)
+		if last != nil && last.After(s.LastOrderAt) {
+			s.LastOrderAt = last.UTC()
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return CustomerSummary{}, fmt.Errorf("get customer summary: %w", err)
+	}
+	if len(s.Totals) == 0 {
+		return CustomerSummary{}, domain.Errorf(domain.KindNotFound, "customer %q has no orders", q.CustomerID)
+	}
+	return s, nil
+}

@@ -129,18 +129,20 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 	var outcome outcomes
 	err = postgres.InTx(ctx, s.db, func(tx pgx.Tx) error {
 		res, outcome = Result{}, 0
-		if _, err := tx.Exec(ctx, keyLockTimeout, lockTimeout(wait)); err != nil {
-			return fmt.Errorf("set lock_timeout: %w", err)
-		}
 		// A key row found expired (the janitor has not removed it yet) is
 		// deleted and claimed anew; twice is enough for any race with it.
 		for range 3 {
-			var expiresAt time.Time
-			claimStart := time.Now()
-			err := tx.QueryRow(ctx, keyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).Scan(&expiresAt)
-			waited := time.Since(claimStart) >= waitThreshold
+			claimed, expiresAt, waited, err := s.claim(ctx, tx, req, fp, canonical, wait)
+			if waited {
+				outcome |= outcomeWaited
+			}
 			switch {
-			case err == nil:
+			case postgres.HasCode(err, postgres.CodeLockNotAvailable):
+				outcome |= outcomeWaitTimeout
+				return ErrInFlight
+			case err != nil:
+				return fmt.Errorf("claim idempotency key: %w", err)
+			case claimed:
 				resp, err := exec(ctx, tx)
 				if err != nil {
 					return err
@@ -152,19 +154,11 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 					return fmt.Errorf("store response: %w", err)
 				}
 				res = Result{Response: resp, ExpiresAt: expiresAt}
-				outcome = outcomeCreated
+				outcome |= outcomeCreated
 				return nil
-			case postgres.HasCode(err, postgres.CodeLockNotAvailable):
-				outcome = outcomeWaitTimeout
-				return ErrInFlight
-			case !errors.Is(err, pgx.ErrNoRows):
-				return fmt.Errorf("claim idempotency key: %w", err)
 			}
 
 			// The key exists and its transaction has ended: replay or refuse.
-			if waited {
-				outcome |= outcomeWaited
-			}
 			var k storedKey
 			err = tx.QueryRow(ctx, keyGet, req.TenantID, req.Scope, req.Key).Scan(
 				&k.fingerprint, &k.fingerprintVersion, &k.request, &k.status, &k.header, &k.body, &k.expiresAt, &k.expired)
@@ -288,6 +282,31 @@ func (s *Idempotency) DeleteExpired(ctx context.Context, batch int) (int64, erro
 	return tag.RowsAffected(), nil
 }
 
+// claim inserts the key row in one round trip: lock_timeout set to the wait
+// bound for this statement only (so that nothing else in the transaction,
+// COMMIT included, can time out on it), the insert, and the reset. claimed
+// reports whether the row is now this transaction's; if not, a committed
+// request holds the key. waited reports whether the insert was held up by
+// another transaction. A wait past the bound is an error with SQLSTATE
+// 55P03.
+func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration) (claimed bool, expiresAt time.Time, waited bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(keyLockTimeout, lockTimeout(wait))
+	b.Queue(keyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).
+		QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&expiresAt)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			claimed = err == nil
+			return err
+		})
+	b.Queue(keyLockTimeoutReset)
+	start := time.Now()
+	err = tx.SendBatch(ctx, b).Close()
+	return claimed, expiresAt, time.Since(start) >= waitThreshold, err
+}
+
 type storedKey struct {
 	fingerprint        []byte
 	fingerprintVersion int16
@@ -300,7 +319,8 @@ type storedKey struct {
 }
 
 const (
-	keyLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+	keyLockTimeout      = `SELECT set_config('lock_timeout', $1, true)`
+	keyLockTimeoutReset = `SET LOCAL lock_timeout TO DEFAULT`
 
 	// keyInsert claims the key. If a concurrent transaction holds an
 	// uncommitted row for it, this waits on the unique index (bounded by
@@ -328,10 +348,15 @@ DELETE FROM idempotency_keys
 WHERE tenant_id = $1 AND scope = $2 AND key = $3 AND expires_at <= now()`
 )
 
-// lockTimeout renders a wait bound for SET lock_timeout, where 0 would mean
-// "wait forever": the shortest bound is one millisecond.
+// minKeyWait is the shortest wait bound, even for Prefer: wait=0: short
+// enough to answer at once, long enough that brief internal locks (such as
+// extending the table) never pass for a request in flight.
+const minKeyWait = 50 * time.Millisecond
+
+// lockTimeout renders a wait bound for lock_timeout (where 0 would mean
+// "wait forever").
 func lockTimeout(wait time.Duration) string {
-	return fmt.Sprintf("%dms", max(wait.Milliseconds(), 1))
+	return fmt.Sprintf("%dms", max(wait, minKeyWait).Milliseconds())
 }
 
 // fingerprint is the SHA-256 of the scope and the canonical command.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -148,5 +149,36 @@ func TestFailedExecutionIsNotStored(t *testing.T) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM idempotency_keys`); n != 0 {
 		t.Fatalf("%d keys stored for failed executions", n)
+	}
+}
+
+// The wait bound applies to the key claim only: with the shortest bound,
+// concurrent requests on distinct keys never time out on anything else
+// (row inserts, the outbox's NOTIFY at commit).
+func TestShortestWaitBoundsOnlyTheClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := command.NewIdempotency(db, time.Hour)
+	const n = 200
+	errs := make(chan error, n)
+	sem := make(chan struct{}, 16)
+	for i := range n {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			key := "k-" + strconv.Itoa(i)
+			cmd := command.CreateOrder{TenantID: "t1", Key: key, NewOrder: newOrder("c-1")}
+			_, err := idem.Do(ctx, command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders", Key: key, Command: cmd}, 0, createExec(cmd))
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("Do with wait 0 on a fresh key: %v", err)
+		}
+	}
+	if got := count(t, db, `SELECT count(*) FROM orders`); got != n {
+		t.Fatalf("%d orders, want %d", got, n)
 	}
 }

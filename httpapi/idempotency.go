@@ -30,12 +30,16 @@ func idempotencyKey(r *http.Request) (string, *Problem) {
 		return bad("Send exactly one Idempotency-Key header.")
 	}
 	key := values[0]
-	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
-		unq, ok := unquoteSFString(key)
+	if strings.HasPrefix(key, `"`) {
+		unq, ok := parseSFString(key)
 		if !ok {
 			return bad(`The quoted Idempotency-Key is not a valid structured-field string.`)
 		}
 		key = unq
+	} else if strings.Contains(key, ",") {
+		// Two header lines folded into one by a proxy, or a list: never a
+		// key. (A key with a comma must be sent as a quoted string.)
+		return bad("Send exactly one Idempotency-Key; to use a comma in a key, send it as a quoted string.")
 	}
 	switch {
 	case key == "":
@@ -48,26 +52,27 @@ func idempotencyKey(r *http.Request) (string, *Problem) {
 	return key, nil
 }
 
-// unquoteSFString decodes an RFC 8941 sf-string: "…" with \" and \\ escapes.
-func unquoteSFString(s string) (string, bool) {
-	s = s[1 : len(s)-1]
+// parseSFString decodes an RFC 8941 sf-string item: "…" with \" and \\
+// escapes, optionally followed by parameters (";name=value…"), which carry
+// no meaning for a key and are ignored. Anything else after it is invalid.
+func parseSFString(s string) (string, bool) {
 	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '\\':
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\\':
 			if i+1 == len(s) || (s[i+1] != '"' && s[i+1] != '\\') {
 				return "", false
 			}
 			i++
 			b.WriteByte(s[i])
-		case c == '"':
-			return "", false
+		case '"':
+			rest := s[i+1:]
+			return b.String(), rest == "" || rest[0] == ';' && !strings.Contains(rest, ",")
 		default:
 			b.WriteByte(c)
 		}
 	}
-	return b.String(), true
+	return "", false // no closing quote
 }
 
 // keyWait is how long this request may wait for an in-flight request with its

@@ -16,6 +16,8 @@ import (
 // maxBodyBytes bounds every request body.
 const maxBodyBytes = 1 << 20
 
+var errTrailingData = errors.New("trailing data after the JSON object")
+
 // decodeJSON reads the request body into v: one JSON object of known fields,
 // at most maxBodyBytes. Its error is a ready *Problem (400, 413 or 415) whose
 // detail says what is wrong and, for a wrong type, where.
@@ -30,12 +32,13 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
-	if err == nil && dec.More() {
-		err = errors.New("trailing data after the JSON object")
-	}
 	if err == nil {
-		if _, rerr := dec.Token(); rerr != io.EOF {
-			err = errors.New("trailing data after the JSON object")
+		// Only whitespace may follow the object.
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errTrailingData
+			if errors.As(terr, new(*http.MaxBytesError)) {
+				err = terr
+			}
 		}
 	}
 	if err == nil {

@@ -130,6 +130,15 @@ func TestKeyLookup(t *testing.T) {
 		r.Response.ContentType != "application/json" || r.ExpiresAt.Sub(r.CreatedAt) != 24*time.Hour {
 		t.Fatalf("record = %+v", r)
 	}
+	for _, odd := range []string{"50%off", "a%41", "x?y#z"} {
+		if res := a.post(t, odd, validBody); res.status != http.StatusCreated {
+			t.Fatalf("create with key %q: %d", odd, res.status)
+		}
+		res := a.do(t, http.MethodGet, "/v1/idempotency-keys/"+url.PathEscape(odd), nil, "")
+		if res.status != http.StatusOK || !strings.Contains(string(res.body), `"key":`+strconv.Quote(odd)) {
+			t.Fatalf("lookup of %q: %d %s", odd, res.status, res.body)
+		}
+	}
 	if res := a.do(t, http.MethodGet, "/v1/idempotency-keys/never-used", nil, ""); res.status != http.StatusNotFound {
 		t.Fatalf("unknown key: %d", res.status)
 	}

@@ -174,6 +174,9 @@ func TestCreateOrderRefusesBadInputAndWritesNothing(t *testing.T) {
 		{"key of 256 chars", map[string]string{"Idempotency-Key": strings.Repeat("k", 256)}, validBody, 400, "invalid-idempotency-key", nil},
 		{"key with control char", map[string]string{"Idempotency-Key": "a\tb"}, validBody, 400, "invalid-idempotency-key", nil},
 		{"key with non-ascii", map[string]string{"Idempotency-Key": "clé"}, validBody, 400, "invalid-idempotency-key", nil},
+		{"two keys folded into one line", map[string]string{"Idempotency-Key": "a, b"}, validBody, 400, "invalid-idempotency-key", nil},
+		{"unterminated quoted key", map[string]string{"Idempotency-Key": `"abc`}, validBody, 400, "invalid-idempotency-key", nil},
+		{"quoted key then junk", map[string]string{"Idempotency-Key": `"abc"x`}, validBody, 400, "invalid-idempotency-key", nil},
 		{"bad json", map[string]string{"Idempotency-Key": "k1"}, `{"customer_id":`, 400, "malformed-request", nil},
 		{"not an object", map[string]string{"Idempotency-Key": "k1"}, `[1,2]`, 400, "malformed-request", nil},
 		{"empty body", map[string]string{"Idempotency-Key": "k1"}, ``, 400, "malformed-request", nil},
@@ -186,6 +189,7 @@ func TestCreateOrderRefusesBadInputAndWritesNothing(t *testing.T) {
 			[]string{"customer_id", "currency", "items[0].sku", "items[0].quantity", "items[0].unit_price"}},
 		{"no items", map[string]string{"Idempotency-Key": "k1"}, `{"customer_id":"c","currency":"EUR","items":[]}`, 422, "validation-failed", []string{"items"}},
 		{"body over 1 MiB", map[string]string{"Idempotency-Key": "k1"}, huge, 413, "body-too-large", nil},
+		{"body over 1 MiB in trailing space", map[string]string{"Idempotency-Key": "k1"}, validBody + strings.Repeat(" ", 1<<20), 413, "body-too-large", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -280,9 +284,11 @@ func TestCreateOrderThenReplayThenMismatch(t *testing.T) {
 			t.Fatal("replay lacks Idempotent-Replayed: true")
 		}
 	}
-	// The quoted (structured-field) form is the same key.
-	if replay := a.post(t, `"key-1"`, validBody); replay.header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("quoted key not treated as the same key: %d %s", replay.status, replay.body)
+	// The quoted (structured-field) form is the same key, parameters and all.
+	for _, quoted := range []string{`"key-1"`, `"key-1";v=2`} {
+		if replay := a.post(t, quoted, validBody); replay.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("%s not treated as the key key-1: %d %s", quoted, replay.status, replay.body)
+		}
 	}
 
 	// Same key, different request: 422 naming the differing fields.

@@ -31,6 +31,8 @@ type Config struct {
 	BatchSize    int           // rows per claim; default 500
 	PollInterval time.Duration // fallback when no NOTIFY arrives; default 1s
 	AckTimeout   time.Duration // wait for all PubAcks of a batch; default 10s
+	// StreamReplicas is the stream's replication (3 on a cluster); default 1.
+	StreamReplicas int
 }
 
 // Relay moves events from the outbox to the stream. Run it in one goroutine.
@@ -76,7 +78,7 @@ func (r *Relay) Stats() Stats {
 // ends.
 func (r *Relay) Run(ctx context.Context) {
 	for ctx.Err() == nil {
-		if _, err := stream.Ensure(ctx, r.js, 1); err != nil {
+		if _, err := stream.Ensure(ctx, r.js, r.cfg.StreamReplicas); err != nil {
 			r.logger.ErrorContext(ctx, "relay cannot ensure stream; retrying", "err", err)
 			sleep(ctx, 2*time.Second)
 			continue

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,14 +25,20 @@ const (
 	CodeQueryCanceled        = "57014"
 )
 
-// Open connects a pool to url and checks that the server answers.
+// Open connects a pool of at most maxConns connections to url (unless the
+// url sets pool_max_conns) and checks that the server answers. Statements
+// time out after a minute unless the url sets another statement_timeout, so
+// a stalled database cannot hold a request (or a shutdown) forever.
 func Open(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
-	if maxConns > 0 {
+	if maxConns > 0 && !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = maxConns
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !ok {
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "60s"
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

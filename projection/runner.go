@@ -28,8 +28,11 @@ type Config struct {
 	// default 30s. A batch is far shorter than that.
 	AckWait time.Duration
 	// GapDelay is how long an event whose predecessor is missing waits
-	// before it is delivered again; default 500ms.
+	// before it is delivered again (doubling with each delivery); default
+	// 500ms.
 	GapDelay time.Duration
+	// StreamReplicas is the stream's replication (3 on a cluster); default 1.
+	StreamReplicas int
 }
 
 func (c Config) withDefaults() Config {
@@ -79,7 +82,7 @@ func (r *Runner) Stats() Stats {
 
 // Consumer creates or updates the projection's durable consumer.
 func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
-	if _, err := stream.Ensure(ctx, r.js, 1); err != nil {
+	if _, err := stream.Ensure(ctx, r.js, r.cfg.StreamReplicas); err != nil {
 		return nil, err
 	}
 	c, err := r.js.CreateOrUpdateConsumer(ctx, stream.Name, jetstream.ConsumerConfig{

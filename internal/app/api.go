@@ -31,13 +31,14 @@ type apiConfig struct {
 	databaseURL, natsURL, httpAddr string
 	relay                          bool
 	keyTTL, keyWait, janitorEvery  time.Duration
+	replicas, poolSize             int
 	logFormat, logLevel            string
 	tenant, clientName             string // token create
 }
 
 // parseAPIConfig reads the settings of one api subcommand ("", "migrate" or
 // "token create") from the environment and args.
-func parseAPIConfig(sub string, args []string, env Env) (apiConfig, error) {
+func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	fs := flag.NewFlagSet("api "+sub, flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), apiUsage)
@@ -49,6 +50,7 @@ func parseAPIConfig(sub string, args []string, env Env) (apiConfig, error) {
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	var natsURL, httpAddr, tenant, name *string
 	var relay *bool
+	var replicas, poolSize *int
 	var keyTTL, keyWait, janitorEvery *time.Duration
 	switch sub {
 	case "":
@@ -58,11 +60,16 @@ func parseAPIConfig(sub string, args []string, env Env) (apiConfig, error) {
 		keyTTL = env.Duration(fs, "idempotency-ttl", "IDEMPOTENCY_TTL", 24*time.Hour, "how long an Idempotency-Key is remembered after its first use")
 		keyWait = env.Duration(fs, "idempotency-wait", "IDEMPOTENCY_WAIT", 5*time.Second, "how long a request waits for an in-flight request with its key")
 		janitorEvery = env.Duration(fs, "idempotency-janitor-interval", "IDEMPOTENCY_JANITOR_INTERVAL", time.Minute, "how often expired keys are deleted")
+		replicas = env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream (3 on a cluster)")
+		poolSize = env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 20, "most PostgreSQL connections of this process")
 	case "token create":
 		tenant = fs.String("tenant", "", "tenant the new client acts for (a-z, 0-9, -, _)")
 		name = fs.String("name", "cli", "a label for the client")
 	}
 	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if err := env.Err(); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
@@ -73,6 +80,17 @@ func parseAPIConfig(sub string, args []string, env Env) (apiConfig, error) {
 	case "":
 		c.natsURL, c.httpAddr, c.relay = *natsURL, *httpAddr, *relay
 		c.keyTTL, c.keyWait, c.janitorEvery = *keyTTL, *keyWait, *janitorEvery
+		c.replicas, c.poolSize = *replicas, *poolSize
+		switch {
+		case c.keyTTL < time.Second:
+			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
+		case c.keyWait < 0:
+			return c, fmt.Errorf("-idempotency-wait must not be negative, got %s", c.keyWait)
+		case c.replicas < 1 || c.replicas > 5:
+			return c, fmt.Errorf("-stream-replicas must be 1 to 5, got %d", c.replicas)
+		case c.poolSize < 4:
+			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
+		}
 	case "token create":
 		if *tenant == "" {
 			return c, fmt.Errorf("token create needs -tenant NAME\n%s", apiUsage)
@@ -97,7 +115,7 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	case len(rest) > 0 && rest[0] == "token":
 		return fmt.Errorf("unknown token command\n%s", apiUsage)
 	}
-	cfg, err := parseAPIConfig(sub, rest, getenv)
+	cfg, err := parseAPIConfig(sub, rest, NewEnv(getenv))
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
@@ -110,7 +128,7 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 		logger = slog.New(slog.DiscardHandler)
 	}
 
-	pool, err := postgres.Open(ctx, cfg.databaseURL, 0)
+	pool, err := postgres.Open(ctx, cfg.databaseURL, int32(cfg.poolSize))
 	if err != nil {
 		return err
 	}
@@ -138,7 +156,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer CloseNATS(nc, logger)
 
 	idem := command.NewIdempotency(pool, cfg.keyTTL)
 	metrics := map[string]func() int64{
@@ -155,9 +173,6 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	defer func() {
 		stopBackground()
 		wg.Wait()
-		if err := nc.Drain(); err != nil {
-			logger.Warn("drain nats", "err", err)
-		}
 	}()
 
 	janitor := &keyJanitor{keys: idem, every: cfg.janitorEvery, logger: logger.With("component", "janitor")}
@@ -169,7 +184,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		if err != nil {
 			return fmt.Errorf("jetstream: %w", err)
 		}
-		relay := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{})
+		relay := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{StreamReplicas: cfg.replicas})
 		metrics["relay_published_total"] = func() int64 { return relay.Stats().Published }
 		metrics["relay_duplicates_total"] = func() int64 { return relay.Stats().Duplicates }
 		wg.Go(func() { relay.Run(bgCtx) })

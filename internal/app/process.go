@@ -28,36 +28,62 @@ const (
 )
 
 // Env reads settings: each flag's default is the environment variable's
-// value when set, so flags override the environment.
-type Env func(string) string
+// value when set, so flags override the environment. A variable that is set
+// but cannot be parsed is an error (Err), never silently ignored.
+type Env struct {
+	get  func(string) string
+	errs []error
+}
+
+// NewEnv reads variables with get (os.Getenv, or a test's map).
+func NewEnv(get func(string) string) *Env { return &Env{get: get} }
+
+// Err reports the variables that could not be parsed.
+func (env *Env) Err() error { return errors.Join(env.errs...) }
+
+func (env *Env) bad(key, v string, err error) {
+	env.errs = append(env.errs, fmt.Errorf("$%s=%q: %w", key, v, err))
+}
 
 // String defines a string flag defaulting to $key, else def.
-func (env Env) String(fs *flag.FlagSet, name, key, def, usage string) *string {
-	if v := env(key); v != "" {
+func (env *Env) String(fs *flag.FlagSet, name, key, def, usage string) *string {
+	if v := env.get(key); v != "" {
 		def = v
 	}
 	return fs.String(name, def, usage+" ($"+key+")")
 }
 
 // Duration defines a duration flag defaulting to $key, else def.
-func (env Env) Duration(fs *flag.FlagSet, name, key string, def time.Duration, usage string) *time.Duration {
-	if d, err := time.ParseDuration(env(key)); err == nil {
+func (env *Env) Duration(fs *flag.FlagSet, name, key string, def time.Duration, usage string) *time.Duration {
+	if v := env.get(key); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			env.bad(key, v, err)
+		}
 		def = d
 	}
 	return fs.Duration(name, def, usage+" ($"+key+")")
 }
 
 // Int defines an int flag defaulting to $key, else def.
-func (env Env) Int(fs *flag.FlagSet, name, key string, def int, usage string) *int {
-	if n, err := strconv.Atoi(env(key)); err == nil {
+func (env *Env) Int(fs *flag.FlagSet, name, key string, def int, usage string) *int {
+	if v := env.get(key); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			env.bad(key, v, err)
+		}
 		def = n
 	}
 	return fs.Int(name, def, usage+" ($"+key+")")
 }
 
 // Bool defines a bool flag defaulting to $key, else def.
-func (env Env) Bool(fs *flag.FlagSet, name, key string, def bool, usage string) *bool {
-	if b, err := strconv.ParseBool(env(key)); err == nil {
+func (env *Env) Bool(fs *flag.FlagSet, name, key string, def bool, usage string) *bool {
+	if v := env.get(key); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			env.bad(key, v, err)
+		}
 		def = b
 	}
 	return fs.Bool(name, def, usage+" ($"+key+")")
@@ -112,6 +138,17 @@ func ConnectNATS(url, name string, logger *slog.Logger) (*nats.Conn, error) {
 	return nc, nil
 }
 
+// CloseNATS flushes what nc has sent (acks above all) to the server, then
+// closes it.
+func CloseNATS(nc *nats.Conn, logger *slog.Logger) {
+	if nc.IsConnected() {
+		if err := nc.FlushTimeout(5 * time.Second); err != nil {
+			logger.Warn("flush nats before close", "err", err)
+		}
+	}
+	nc.Close()
+}
+
 // NATSReady is a readiness check for nc.
 func NATSReady(nc *nats.Conn) func(context.Context) error {
 	return func(context.Context) error {
@@ -149,8 +186,10 @@ func Serve(ctx context.Context, addr string, h http.Handler, logger *slog.Logger
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("shut down http server: %w", err)
+	if err := srv.Shutdown(sctx); err != nil {
+		// Requests still running after grace: cut their connections.
+		logger.Warn("requests still running after the grace period; closing their connections", "grace", grace)
+		return srv.Close()
 	}
 	return nil
 }

@@ -22,12 +22,14 @@ import (
 // after each projection has finished and acked its batch in hand. Tests call
 // it with their own arguments, environment and output.
 func RunProjector(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	env := Env(getenv)
+	env := NewEnv(getenv)
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	databaseURL := env.String(fs, "database-url", "DATABASE_URL", DefaultDatabaseURL, "PostgreSQL connection URL")
 	natsURL := env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
 	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", ":8081", "address to serve /healthz and /readyz on")
 	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", 100, "most events applied in one transaction")
+	replicas := env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream (3 on a cluster)")
+	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 10, "most PostgreSQL connections of this process")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -36,9 +38,15 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		}
 		return err
 	}
+	if err := env.Err(); err != nil {
+		return err
+	}
+	if *batchSize < 1 || *batchSize > 1000 || *replicas < 1 || *replicas > 5 || *poolSize < 4 {
+		return fmt.Errorf("-batch-size must be 1 to 1000, -stream-replicas 1 to 5, -db-pool-size at least 4")
+	}
 	logger := NewLogger(stdout, *logFormat, *logLevel).With("process", "projector")
 
-	pool, err := postgres.Open(ctx, *databaseURL, 0)
+	pool, err := postgres.Open(ctx, *databaseURL, int32(*poolSize))
 	if err != nil {
 		return err
 	}
@@ -50,7 +58,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer CloseNATS(nc, logger)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -60,7 +68,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	// and checkpoint.
 	var runners []*projection.Runner
 	for _, p := range []projection.Projection{projection.OrderViews{}, projection.CustomerSummaries{}, projection.DailySales{}} {
-		runners = append(runners, projection.NewRunner(pool, js, p, logger, projection.Config{BatchSize: *batchSize}))
+		runners = append(runners, projection.NewRunner(pool, js, p, logger, projection.Config{BatchSize: *batchSize, StreamReplicas: *replicas}))
 	}
 	// The runners and the health server stop together: when ctx ends, or when
 	// any of them fails. Each runner finishes and acks its batch in hand.
@@ -74,9 +82,5 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		"nats":     NATSReady(nc),
 	})
 	g.Go(func() error { return Serve(gctx, *httpAddr, mux, logger, 5*time.Second) })
-	err = g.Wait()
-	if derr := nc.Drain(); derr != nil {
-		logger.Warn("drain nats", "err", derr)
-	}
-	return err
+	return g.Wait() // the deferred CloseNATS flushes the last acks
 }

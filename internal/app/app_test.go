@@ -106,6 +106,11 @@ func call(t *testing.T, method, url, token, key, body string) reply {
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
+	return do(t, req)
+}
+
+func do(t *testing.T, req *http.Request) reply {
+	t.Helper()
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -262,5 +267,64 @@ func TestExpiredKeyRetryPointsAtTheExistingOrder(t *testing.T) {
 	}
 	if n := countRows(t, env, `SELECT count(*) FROM orders`); n != 1 {
 		t.Fatalf("%d orders, want 1", n)
+	}
+}
+
+// A client reads its own writes: each command answers with the order's
+// version, and a read that names it waits (woken by the projector's
+// NOTIFY) until the read model has it.
+func TestReadYourWrites(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	api := start(t, "api", app.RunAPI, env)
+	start(t, "projector", app.RunProjector, env)
+	token := newToken(t, env, "acme")
+
+	created := call(t, http.MethodPost, api+"/v1/orders", token, "ryw-1", orderBody("c-ryw"))
+	var o struct {
+		ID      string `json:"id"`
+		Version int64  `json:"version"`
+		Status  string `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(created.body), &o); err != nil || created.status != 201 {
+		t.Fatalf("create: %d %s", created.status, created.body)
+	}
+	paid := call(t, http.MethodPost, api+"/v1/orders/"+o.ID+"/pay", token, "ryw-pay", "")
+	if err := json.Unmarshal([]byte(paid.body), &o); err != nil || paid.status != 200 || o.Version != 2 {
+		t.Fatalf("pay: %d %s", paid.status, paid.body)
+	}
+
+	view := call(t, http.MethodGet, fmt.Sprintf("%s/v1/orders/%s?min_version=%d", api, o.ID, o.Version), token, "", "")
+	if view.status != 200 || view.body != paid.body || view.header.Get("ETag") != `"2"` {
+		t.Fatalf("GET ?min_version=2: %d %s; want the paid order", view.status, view.body)
+	}
+	summary := call(t, http.MethodGet, fmt.Sprintf("%s/v1/customers/c-ryw/summary?min_position=%s:%d", api, o.ID, o.Version), token, "", "")
+	var s struct {
+		Orders map[string]int64 `json:"orders"`
+		Totals []struct {
+			Currency string `json:"currency"`
+			Paid     int64  `json:"paid"`
+		} `json:"totals"`
+	}
+	if err := json.Unmarshal([]byte(summary.body), &s); err != nil || summary.status != 200 ||
+		s.Orders["paid"] != 1 || s.Orders["total"] != 1 || len(s.Totals) != 1 || s.Totals[0].Paid != 3998 {
+		t.Fatalf("summary ?min_position: %d %s", summary.status, summary.body)
+	}
+	sales := call(t, http.MethodGet, api+"/v1/reports/daily-sales?currency=EUR", token, "", "")
+	if sales.status != 200 || !strings.Contains(sales.body, `"orders":1,"paid_amount":3998`) {
+		t.Fatalf("daily sales: %d %s", sales.status, sales.body)
+	}
+
+	// A version the view will not reach: 412 view-behind after the wait.
+	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/v1/orders/%s?min_version=9", api, o.ID), nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Prefer", "wait=1")
+	began := time.Now()
+	behind := do(t, req)
+	if behind.status != http.StatusPreconditionFailed || !strings.Contains(behind.body, "view-behind") || behind.header.Get("Retry-After") == "" {
+		t.Fatalf("GET ?min_version=9: %d %s", behind.status, behind.body)
+	}
+	if waited := time.Since(began); waited < 900*time.Millisecond {
+		t.Fatalf("answered behind after %s, before the 1s the client allowed", waited)
 	}
 }

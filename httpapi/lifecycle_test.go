@@ -1,0 +1,128 @@
+package httpapi_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+type orderOut struct {
+	ID              string `json:"id"`
+	Status          string `json:"status"`
+	Version         int64  `json:"version"`
+	Note            string `json:"note"`
+	ShippingAddress *struct {
+		City string `json:"city"`
+	} `json:"shipping_address"`
+	StatusHistory []struct {
+		Status string `json:"status"`
+		Reason string `json:"reason"`
+	} `json:"status_history"`
+}
+
+func decodeOrder(t *testing.T, r response) orderOut {
+	t.Helper()
+	var o orderOut
+	if err := json.Unmarshal(r.body, &o); err != nil {
+		t.Fatalf("order JSON %s: %v", r.body, err)
+	}
+	return o
+}
+
+func TestLifecycleOverHTTP(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	created := decodeOrder(t, a.post(t, "create", validBody))
+	path := "/v1/orders/" + created.ID
+	outbox := func() int {
+		_, _, _, n := a.counts(t)
+		return n
+	}
+	step := func(method, suffix, key, body string, header map[string]string) response {
+		h := map[string]string{"Idempotency-Key": key}
+		for k, v := range header {
+			h[k] = v
+		}
+		return a.do(t, method, path+suffix, h, body)
+	}
+
+	// pay: 200 at v2; the retry replays; a new key is a no-op without an event.
+	paid := step(http.MethodPost, "/pay", "pay-1", "", nil)
+	if o := decodeOrder(t, paid); paid.status != 200 || o.Status != "paid" || o.Version != 2 || paid.header.Get("ETag") != `"2"` {
+		t.Fatalf("pay: %d %s", paid.status, paid.body)
+	}
+	if again := step(http.MethodPost, "/pay", "pay-1", "", nil); again.status != 200 || string(again.body) != string(paid.body) || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("pay retried: %d %s", again.status, again.body)
+	}
+	events := outbox()
+	if noop := step(http.MethodPost, "/pay", "pay-2", "{}", nil); noop.status != 200 || decodeOrder(t, noop).Version != 2 || outbox() != events {
+		t.Fatalf("pay again with a new key: %d %s, %d events (was %d)", noop.status, noop.body, outbox(), events)
+	}
+
+	// PATCH: 428 without If-Match, 412 when stale, 200 with the new ETag.
+	patch := `{"note":"ring twice","shipping_address":{"name":"Ada","line1":"1 Main St","city":"Berlin","postal_code":"10115","country":"DE"}}`
+	if r := step(http.MethodPatch, "", "patch-0", patch, nil); r.status != http.StatusPreconditionRequired {
+		t.Fatalf("PATCH without If-Match: %d %s", r.status, r.body)
+	}
+	if r := step(http.MethodPatch, "", "patch-1", patch, map[string]string{"If-Match": `"1"`}); r.status != http.StatusPreconditionFailed {
+		t.Fatalf("PATCH with a stale If-Match: %d %s", r.status, r.body)
+	}
+	patched := step(http.MethodPatch, "", "patch-2", patch, map[string]string{"If-Match": `"2"`})
+	if o := decodeOrder(t, patched); patched.status != 200 || o.Version != 3 || o.Note != "ring twice" || o.ShippingAddress == nil ||
+		o.ShippingAddress.City != "Berlin" || patched.header.Get("ETag") != `"3"` {
+		t.Fatalf("PATCH: %d %s", patched.status, patched.body)
+	}
+	if r := step(http.MethodPatch, "", "patch-3", `{"note":"x","colour":"red"}`, map[string]string{"If-Match": `"3"`}); r.status != 400 {
+		t.Fatalf("PATCH with an unknown field: %d %s", r.status, r.body)
+	}
+
+	// ship, then cancel is refused with the current status; ship again is a no-op.
+	if r := step(http.MethodPost, "/ship", "ship-1", "", nil); r.status != 200 || decodeOrder(t, r).Status != "shipped" {
+		t.Fatalf("ship: %d %s", r.status, r.body)
+	}
+	refused := step(http.MethodPost, "/cancel", "cancel-1", `{"reason":"too late"}`, nil)
+	if refused.status != http.StatusConflict || !strings.Contains(string(refused.body), `"current_status":"shipped"`) {
+		t.Fatalf("cancel of a shipped order: %d %s", refused.status, refused.body)
+	}
+	if again := step(http.MethodPost, "/cancel", "cancel-1", `{"reason":"too late"}`, nil); again.status != 409 || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the refusal is stored and replayed: %d %q", again.status, again.header.Get("Idempotent-Replayed"))
+	}
+	if r := step(http.MethodPatch, "", "patch-4", `{"note":"late"}`, map[string]string{"If-Match": `"4"`}); r.status != http.StatusConflict {
+		t.Fatalf("PATCH of a shipped order: %d %s", r.status, r.body)
+	}
+	if r := step(http.MethodPost, "/ship", "ship-2", "", nil); r.status != 200 || decodeOrder(t, r).Version != 4 {
+		t.Fatalf("ship again: %d %s", r.status, r.body)
+	}
+	if n := outbox(); n != 4 {
+		t.Fatalf("%d events, want 4 (created, paid, updated, shipped)", n)
+	}
+
+	// Bad requests on lifecycle routes.
+	for _, tt := range []struct {
+		method, path, key, body string
+		status                  int
+	}{
+		{http.MethodPost, path + "/pay", "", "", 400},                                              // no key
+		{http.MethodPost, "/v1/orders/nope/pay", "k", "", 400},                                    // bad id
+		{http.MethodPost, "/v1/orders/0193b1a8-7c2e-7000-8000-000000000001/pay", "k-404", "", 404}, // unknown order
+		{http.MethodPost, path + "/cancel", "k-c", `{}`, 422},                                      // no reason
+		{http.MethodPost, path + "/cancel", "k-c2", `{"reason":"x","refund":true}`, 400},            // unknown field
+		{http.MethodPost, path + "/pay", "k-p", `{"x":1}`, 400},                                    // a body pay does not take
+	} {
+		if r := a.do(t, tt.method, tt.path, map[string]string{"Idempotency-Key": tt.key}, tt.body); r.status != tt.status {
+			t.Fatalf("%s %s (key %q, body %s): %d %s; want %d", tt.method, tt.path, tt.key, tt.body, r.status, r.body, tt.status)
+		}
+	}
+
+	// A cancelled order: pay is refused naming "cancelled".
+	other := decodeOrder(t, a.post(t, "create-2", validBody))
+	cancelled := a.do(t, http.MethodPost, "/v1/orders/"+other.ID+"/cancel", map[string]string{"Idempotency-Key": "c-2"}, `{"reason":"duplicate order"}`)
+	if o := decodeOrder(t, cancelled); cancelled.status != 200 || o.Status != "cancelled" || o.StatusHistory[1].Reason != "duplicate order" {
+		t.Fatalf("cancel: %d %s", cancelled.status, cancelled.body)
+	}
+	if r := a.do(t, http.MethodPost, "/v1/orders/"+other.ID+"/pay", map[string]string{"Idempotency-Key": "p-2"}, ""); r.status != 409 ||
+		!strings.Contains(string(r.body), `"current_status":"cancelled"`) {
+		t.Fatalf("pay of a cancelled order: %d %s", r.status, r.body)
+	}
+}

@@ -1,0 +1,242 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/acme/orders/internal/app"
+	"github.com/acme/orders/internal/invariant"
+	"github.com/acme/orders/stream"
+)
+
+// A randomized workload through the real api and projector: every read
+// model converges on what the orders table implies, and stays exact when
+// every event is delivered a second time under a new message id.
+func TestConvergence(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	api := start(t, "api", app.RunAPI, env)
+	start(t, "projector", app.RunProjector, env)
+	token := newToken(t, env, "acme")
+
+	const orders, workers = 500, 8
+	rng := rand.New(rand.NewPCG(42, 7))
+	plans := make([][]string, orders)
+	for i := range plans {
+		plans[i] = [][]string{
+			{}, {"pay"}, {"pay", "ship"}, {"cancel"}, {"pay", "cancel"}, {"pay", "ship", "cancel"},
+			{"patch"}, {"patch", "pay", "pay"}, {"pay", "patch", "ship", "ship"},
+		}[rng.IntN(9)]
+	}
+	currencies := []string{"EUR", "USD", "JPY"}
+
+	var wg sync.WaitGroup
+	work := make(chan int)
+	errs := make(chan error, orders)
+	for range workers {
+		wg.Go(func() {
+			for i := range work {
+				errs <- runPlan(t, api, token, i, currencies[i%3], plans[i])
+			}
+		})
+	}
+	for i := range orders {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	conn, err := pgx.Connect(context.Background(), env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	converge := func(when string) {
+		t.Helper()
+		start := time.Now()
+		violations, err := invariant.Converge(context.Background(), conn, 60*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range violations {
+			t.Error(v)
+		}
+		if len(violations) > 0 {
+			t.Fatalf("%s: the read models did not converge", when)
+		}
+		t.Logf("%s: converged %s after the last write", when, time.Since(start).Round(time.Millisecond))
+	}
+	converge("after the workload")
+	if n := countRows(t, env, `SELECT count(*) FROM orders`); n != orders {
+		t.Fatalf("%d orders, want %d", n, orders)
+	}
+
+	// Every event again, under a fresh Nats-Msg-Id (as a relay that was
+	// down longer than the duplicate window would send it), in shuffled
+	// order: nothing may change.
+	copies := republishShuffled(t, env)
+	waitIdle(t, env)
+	converge("after duplicating every event")
+	var skipped int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&skipped); err != nil || copies != skipped {
+		t.Fatalf("republished %d copies of %d events (%v)", copies, skipped, err)
+	}
+}
+
+// runPlan creates order i and runs its steps, each retried once with the
+// same key (the retry must replay exactly).
+func runPlan(t *testing.T, api, token string, i int, currency string, steps []string) error {
+	body := fmt.Sprintf(`{"customer_id":"c-%d","currency":%q,"items":[{"sku":"s-%d","quantity":%d,"unit_price":%d}]}`,
+		i%37, currency, i%5, 1+i%4, 100+i)
+	created := call(t, http.MethodPost, api+"/v1/orders", token, fmt.Sprintf("create-%d", i), body)
+	if created.status != http.StatusCreated {
+		return fmt.Errorf("order %d: create %d %s", i, created.status, created.body)
+	}
+	var o struct {
+		ID      string `json:"id"`
+		Version int64  `json:"version"`
+	}
+	if err := json.Unmarshal([]byte(created.body), &o); err != nil {
+		return err
+	}
+	for n, step := range steps {
+		key := fmt.Sprintf("%s-%d-%d", step, i, n)
+		method, path, payload := http.MethodPost, "/v1/orders/"+o.ID+"/"+step, ""
+		header := map[string]string{}
+		switch step {
+		case "cancel":
+			payload = `{"reason":"changed my mind"}`
+		case "patch":
+			method, path = http.MethodPatch, "/v1/orders/"+o.ID
+			payload = `{"note":"leave at the door","shipping_address":{"name":"Ada","line1":"1 Main St","city":"Berlin","postal_code":"10115","country":"DE"}}`
+			header["If-Match"] = fmt.Sprintf(`"%d"`, o.Version)
+		}
+		first := callWith(t, method, api+path, token, key, payload, header)
+		again := callWith(t, method, api+path, token, key, payload, header)
+		if again.body != first.body || again.status != first.status || again.header.Get("Idempotent-Replayed") != "true" {
+			return fmt.Errorf("order %d %s: retry got %d %s, want the replay of %d %s", i, step, again.status, again.body, first.status, first.body)
+		}
+		switch {
+		case first.status == http.StatusOK:
+			if err := json.Unmarshal([]byte(first.body), &o); err != nil {
+				return err
+			}
+		case first.status == http.StatusConflict && step == "cancel": // a shipped order
+		default:
+			return fmt.Errorf("order %d %s: %d %s", i, step, first.status, first.body)
+		}
+	}
+	return nil
+}
+
+func callWith(t *testing.T, method, url, token, key, body string, header map[string]string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req, _ = http.NewRequest(method, url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	return do(t, req)
+}
+
+// waitIdle waits until every projection's consumer has nothing pending and
+// nothing awaiting an ack.
+func waitIdle(t *testing.T, env map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	nc, err := nats.Connect(env["NATS_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for _, name := range invariant.Projections {
+		for {
+			c, err := js.Consumer(ctx, stream.Name, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := c.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.NumPending == 0 && info.NumAckPending == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("consumer %s still busy: %d pending, %d awaiting ack", name, info.NumPending, info.NumAckPending)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// republishShuffled publishes a copy of every event in the stream, in
+// random order, each under a new Nats-Msg-Id, and returns how many.
+func republishShuffled(t *testing.T, env map[string]string) int {
+	t.Helper()
+	ctx := context.Background()
+	nc, err := nats.Connect(env["NATS_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, m)
+	}
+	rand.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	for i, m := range msgs {
+		if _, err := js.Publish(ctx, m.Subject, m.Data, jetstream.WithMsgID(fmt.Sprintf("copy-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return len(msgs)
+}

@@ -1,0 +1,167 @@
+// Package invariant checks, from the database alone, that the read models
+// agree with the write model: the convergence guarantee (G6) and the
+// bookkeeping behind exactly-once projection (G4, G5). Tests, the fault
+// suite and operators run it when the system is idle; while events are in
+// flight, differences are expected.
+package invariant
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Querier runs queries; *pgxpool.Pool and *pgx.Conn are such.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Projections are the read models the projector keeps.
+var Projections = []string{"order_views", "customer_summaries", "daily_sales"}
+
+// A check is one invariant: a query that returns one text row per violation
+// (at most a few, as examples).
+type check struct {
+	name string
+	sql  string
+}
+
+var checks = []check{
+	{"every committed event is published", `
+SELECT format('outbox event %s (%s v%s) not published', id, event_type, aggregate_version)
+FROM outbox WHERE published_at IS NULL LIMIT 5`},
+
+	{"each projection's inbox holds each event once, and only events of the outbox", `
+WITH p(projection) AS (SELECT unnest($1::text[]))
+SELECT format('%s: %s inbox rows for %s events', p.projection,
+              (SELECT count(*) FROM inbox i WHERE i.projection = p.projection),
+              (SELECT count(*) FROM outbox))
+FROM p
+WHERE (SELECT count(*) FROM inbox i WHERE i.projection = p.projection) <> (SELECT count(*) FROM outbox)
+   OR EXISTS (SELECT 1 FROM inbox i WHERE i.projection = p.projection
+              AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = i.event_id))`},
+
+	{"each projection is at every order's version", `
+WITH p(projection) AS (SELECT unnest($1::text[]))
+SELECT format('%s: order %s at v%s, projection at v%s', p.projection, o.id, o.version, coalesce(pp.version, 0))
+FROM p CROSS JOIN orders o
+LEFT JOIN projection_positions pp ON pp.projection = p.projection AND pp.aggregate_id = o.id
+WHERE pp.version IS DISTINCT FROM o.version
+LIMIT 5`},
+
+	{"order views equal the orders, field by field", `
+WITH expected AS (
+    SELECT o.tenant_id, o.id AS order_id, o.customer_id, o.status, o.currency, o.total, o.version,
+           o.created_at, o.updated_at, o.paid_at, o.shipped_at, o.cancelled_at, o.cancel_reason,
+           o.shipping_address, o.note,
+           (SELECT jsonb_agg(jsonb_build_object('sku', i.sku, 'quantity', i.quantity, 'unit_price', i.unit_price,
+                                                'line_total', i.line_total) ORDER BY i.line_no)
+            FROM order_items i WHERE i.tenant_id = o.tenant_id AND i.order_id = o.id) AS items
+    FROM orders o),
+actual AS (
+    SELECT tenant_id, order_id, customer_id, status, currency, total, version, created_at, updated_at,
+           paid_at, shipped_at, cancelled_at, cancel_reason, shipping_address, note, items
+    FROM order_views)
+SELECT format('order %s: view %s, order %s', coalesce(e.order_id, a.order_id),
+              CASE WHEN a.order_id IS NULL THEN 'missing' ELSE to_jsonb(a)::text END,
+              CASE WHEN e.order_id IS NULL THEN 'missing' ELSE to_jsonb(e)::text END)
+FROM expected e FULL JOIN actual a ON a.tenant_id = e.tenant_id AND a.order_id = e.order_id
+WHERE e IS DISTINCT FROM a
+LIMIT 5`},
+
+	{"customer summaries equal sums over the orders", `
+WITH expected AS (
+    SELECT tenant_id, customer_id, currency,
+           count(*) FILTER (WHERE status = 'pending')   AS orders_pending,
+           count(*) FILTER (WHERE status = 'paid')      AS orders_paid,
+           count(*) FILTER (WHERE status = 'shipped')   AS orders_shipped,
+           count(*) FILTER (WHERE status = 'cancelled') AS orders_cancelled,
+           coalesce(sum(total) FILTER (WHERE paid_at IS NOT NULL), 0) AS total_paid,
+           coalesce(sum(total) FILTER (WHERE paid_at IS NOT NULL AND cancelled_at IS NOT NULL), 0) AS total_refunded,
+           max(created_at) AS last_order_at
+    FROM orders GROUP BY tenant_id, customer_id, currency),
+actual AS (
+    SELECT tenant_id, customer_id, currency::text, orders_pending, orders_paid, orders_shipped, orders_cancelled,
+           total_paid, total_refunded, last_order_at
+    FROM customer_summaries)
+SELECT format('customer %s/%s/%s: summary %s, orders say %s', coalesce(e.tenant_id, a.tenant_id),
+              coalesce(e.customer_id, a.customer_id), coalesce(e.currency::text, a.currency),
+              coalesce(to_jsonb(a)::text, 'missing'), coalesce(to_jsonb(e)::text, 'missing'))
+FROM expected e FULL JOIN actual a
+  ON a.tenant_id = e.tenant_id AND a.customer_id = e.customer_id AND a.currency = e.currency::text
+WHERE (e.orders_pending, e.orders_paid, e.orders_shipped, e.orders_cancelled, e.total_paid, e.total_refunded, e.last_order_at)
+      IS DISTINCT FROM
+      (a.orders_pending, a.orders_paid, a.orders_shipped, a.orders_cancelled, a.total_paid, a.total_refunded, a.last_order_at)
+LIMIT 5`},
+
+	{"daily sales equal sums over the orders", `
+WITH facts AS (
+    SELECT tenant_id, (created_at AT TIME ZONE 'UTC')::date AS day, currency::text, 1 AS orders, 0::bigint AS paid, 0::bigint AS refunded
+    FROM orders
+    UNION ALL
+    SELECT tenant_id, (paid_at AT TIME ZONE 'UTC')::date, currency::text, 0, total, 0
+    FROM orders WHERE paid_at IS NOT NULL
+    UNION ALL
+    SELECT tenant_id, (cancelled_at AT TIME ZONE 'UTC')::date, currency::text, 0, 0, total
+    FROM orders WHERE paid_at IS NOT NULL AND cancelled_at IS NOT NULL),
+expected AS (
+    SELECT tenant_id, day, currency, sum(orders)::bigint AS orders, sum(paid)::bigint AS paid_amount,
+           sum(refunded)::bigint AS refunded_amount
+    FROM facts GROUP BY tenant_id, day, currency),
+actual AS (
+    SELECT tenant_id, day, currency::text, orders, paid_amount, refunded_amount FROM daily_sales)
+SELECT format('sales %s/%s/%s: report %s, orders say %s', coalesce(e.tenant_id, a.tenant_id),
+              coalesce(e.day, a.day), coalesce(e.currency, a.currency),
+              coalesce(to_jsonb(a)::text, 'missing'), coalesce(to_jsonb(e)::text, 'missing'))
+FROM expected e FULL JOIN actual a ON a.tenant_id = e.tenant_id AND a.day = e.day AND a.currency = e.currency
+WHERE (e.orders, e.paid_amount, e.refunded_amount) IS DISTINCT FROM (a.orders, a.paid_amount, a.refunded_amount)
+LIMIT 5`},
+}
+
+// Violation is one broken invariant with an example of how.
+type Violation struct {
+	Invariant string
+	Example   string
+}
+
+func (v Violation) String() string { return v.Invariant + ": " + v.Example }
+
+// Check runs every invariant once and returns the violations it found.
+func Check(ctx context.Context, db Querier) ([]Violation, error) {
+	var out []Violation
+	for _, c := range checks {
+		var args []any
+		if strings.Contains(c.sql, "$1") { // the per-projection checks
+			args = []any{Projections}
+		}
+		rows, _ := db.Query(ctx, c.sql, args...)
+		examples, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("check %q: %w", c.name, err)
+		}
+		for _, e := range examples {
+			out = append(out, Violation{Invariant: c.name, Example: e})
+		}
+	}
+	return out, nil
+}
+
+// Converge polls Check until it finds no violation (the system has drained
+// and agrees) or timeout passes, and returns the last violations.
+func Converge(ctx context.Context, db Querier, timeout time.Duration) ([]Violation, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		v, err := Check(ctx, db)
+		if err != nil || len(v) == 0 || time.Now().After(deadline) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

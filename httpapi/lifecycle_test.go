@@ -104,10 +104,10 @@ func TestLifecycleOverHTTP(t *testing.T) {
 		status                  int
 	}{
 		{http.MethodPost, path + "/pay", "", "", 400},                                              // no key
-		{http.MethodPost, "/v1/orders/nope/pay", "k", "", 400},                                    // bad id
+		{http.MethodPost, "/v1/orders/nope/pay", "k", "", 400},                                     // bad id
 		{http.MethodPost, "/v1/orders/0193b1a8-7c2e-7000-8000-000000000001/pay", "k-404", "", 404}, // unknown order
 		{http.MethodPost, path + "/cancel", "k-c", `{}`, 422},                                      // no reason
-		{http.MethodPost, path + "/cancel", "k-c2", `{"reason":"x","refund":true}`, 400},            // unknown field
+		{http.MethodPost, path + "/cancel", "k-c2", `{"reason":"x","refund":true}`, 400},           // unknown field
 		{http.MethodPost, path + "/pay", "k-p", `{"x":1}`, 400},                                    // a body pay does not take
 	} {
 		if r := a.do(t, tt.method, tt.path, map[string]string{"Idempotency-Key": tt.key}, tt.body); r.status != tt.status {

@@ -1,11 +1,18 @@
 // Package outbox relays committed events from the outbox table to JetStream.
 //
-// The relay claims the oldest unpublished rows with FOR UPDATE SKIP LOCKED,
-// publishes them asynchronously with Nats-Msg-Id set to the event id, waits
-// for every PubAck, and marks the acknowledged rows published, all in one
-// transaction. A crash between publish and mark republishes on the next
-// round: the stream's duplicate window drops the copy, and past the window the
-// projectors' inbox does. Nothing committed is ever skipped: a row stays
+// The outbox is split into 16 partitions by aggregate. A relay owns the
+// partitions whose advisory locks it holds on its own connection; any number
+// of relays may run, and the partitions a relay gives up (it stops, crashes
+// or loses its connection, which drops its locks) are taken over by the
+// others within TakeoverInterval. Only the owner publishes a partition, in
+// seq order, so an aggregate's events leave in version order.
+//
+// In one transaction on that connection the relay claims the oldest
+// unpublished rows of its partitions, publishes them asynchronously with
+// Nats-Msg-Id set to the event id, waits for every PubAck, and marks the
+// acknowledged prefix published. A crash between publish and mark
+// republishes on the next round: the stream's duplicate window drops the
+// copy, and past the window the projectors' inbox does. A row stays
 // unpublished until JetStream has acknowledged it.
 package outbox
 
@@ -13,6 +20,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,13 +34,31 @@ import (
 	"github.com/acme/orders/stream"
 )
 
+// Partitions is how many partitions the outbox has (see migration 004).
+const Partitions = 16
+
+// advisoryClass is the first key of the relay's advisory locks
+// (pg_try_advisory_lock(advisoryClass, partition)).
+const advisoryClass = 0x0a7b0c5
+
 // Config tunes a Relay. Zero values take the defaults.
 type Config struct {
 	BatchSize    int           // rows per claim; default 500
 	PollInterval time.Duration // fallback when no NOTIFY arrives; default 1s
 	AckTimeout   time.Duration // wait for all PubAcks of a batch; default 10s
+	// MaxPartitions caps how many partitions this relay owns (to spread
+	// them over several relays); default all.
+	MaxPartitions int
+	// TakeoverInterval is how often a relay tries to take partitions nobody
+	// owns; default 5s.
+	TakeoverInterval time.Duration
+	// Retention keeps published rows (the event log that rebuilds read)
+	// this long before they are pruned; 0 keeps them for good.
+	Retention time.Duration
 	// StreamReplicas is the stream's replication (3 on a cluster); default 1.
 	StreamReplicas int
+	// DuplicateWindow overrides the stream's duplicate window (tests).
+	DuplicateWindow time.Duration
 }
 
 // Relay moves events from the outbox to the stream. Run it in one goroutine.
@@ -43,8 +69,13 @@ type Relay struct {
 	cfg    Config
 	wake   chan struct{}
 
-	published  atomic.Int64
-	duplicates atomic.Int64
+	mu       sync.Mutex // guards conn and owned
+	conn     *pgx.Conn  // holds the partition locks
+	owned    []int16
+	lastTake time.Time
+
+	published, duplicates, pruned atomic.Int64
+	ownedCount                    atomic.Int64
 }
 
 // NewRelay returns a relay from db to the stream on js.
@@ -58,6 +89,12 @@ func NewRelay(db *pgxpool.Pool, js jetstream.JetStream, logger *slog.Logger, cfg
 	if cfg.AckTimeout <= 0 {
 		cfg.AckTimeout = 10 * time.Second
 	}
+	if cfg.MaxPartitions <= 0 || cfg.MaxPartitions > Partitions {
+		cfg.MaxPartitions = Partitions
+	}
+	if cfg.TakeoverInterval <= 0 {
+		cfg.TakeoverInterval = 5 * time.Second
+	}
 	return &Relay{db: db, js: js, logger: logger, cfg: cfg, wake: make(chan struct{}, 1)}
 }
 
@@ -65,20 +102,23 @@ func NewRelay(db *pgxpool.Pool, js jetstream.JetStream, logger *slog.Logger, cfg
 type Stats struct {
 	Published  int64 // rows marked published
 	Duplicates int64 // PubAcks that reported a duplicate Nats-Msg-Id
+	Pruned     int64 // published rows deleted after the retention
+	Partitions int64 // partitions owned now
 }
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() Stats {
-	return Stats{Published: r.published.Load(), Duplicates: r.duplicates.Load()}
+	return Stats{Published: r.published.Load(), Duplicates: r.duplicates.Load(), Pruned: r.pruned.Load(), Partitions: r.ownedCount.Load()}
 }
 
 // Run relays until ctx ends. It ensures the stream exists first (retrying
 // while NATS is unreachable), wakes on NOTIFY outbox and polls as a fallback.
 // Failures are logged and retried with a backoff; Run returns only when ctx
-// ends.
+// ends, and then releases its partitions.
 func (r *Relay) Run(ctx context.Context) {
+	defer r.release()
 	for ctx.Err() == nil {
-		if _, err := stream.Ensure(ctx, r.js, r.cfg.StreamReplicas); err != nil {
+		if _, err := stream.Ensure(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas, DuplicateWindow: r.cfg.DuplicateWindow}); err != nil {
 			r.logger.ErrorContext(ctx, "relay cannot ensure stream; retrying", "err", err)
 			sleep(ctx, 2*time.Second)
 			continue
@@ -88,7 +128,14 @@ func (r *Relay) Run(ctx context.Context) {
 	go postgres.Listen(ctx, r.db, "outbox", r.logger, r.Wake)
 
 	backoff := 100 * time.Millisecond
+	lastPrune := time.Time{}
 	for ctx.Err() == nil {
+		if r.cfg.Retention > 0 && time.Since(lastPrune) > time.Minute {
+			lastPrune = time.Now()
+			if err := r.Prune(ctx); err != nil && ctx.Err() == nil {
+				r.logger.WarnContext(ctx, "prune published outbox rows", "err", err)
+			}
+		}
 		n, err := r.RelayBatch(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -117,16 +164,81 @@ func (r *Relay) Wake() {
 }
 
 const (
+	partitionsTakeSQL = `
+SELECT p::smallint FROM generate_series(0, $1 - 1) AS p
+WHERE NOT p = ANY($2::int[]) AND pg_try_advisory_lock($3, p)
+LIMIT $4`
+
 	outboxClaimSQL = `
 SELECT id, event_type, payload
 FROM outbox
-WHERE published_at IS NULL
-ORDER BY id
+WHERE published_at IS NULL AND partition = ANY($2)
+ORDER BY seq
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
 
 	outboxMarkPublishedSQL = `UPDATE outbox SET published_at = now() WHERE id = ANY($1)`
+
+	outboxPruneSQL = `
+DELETE FROM outbox WHERE id IN (
+    SELECT id FROM outbox
+    WHERE published_at < now() - make_interval(secs => $1)
+    ORDER BY published_at
+    LIMIT 1000
+    FOR UPDATE SKIP LOCKED)`
+
+	outboxBacklogSQL = `
+SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM outbox WHERE published_at IS NULL`
 )
+
+// lease returns the connection that holds this relay's partition locks and
+// the partitions it owns, taking free partitions every TakeoverInterval.
+func (r *Relay) lease(ctx context.Context) (*pgx.Conn, []int16, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conn == nil || r.conn.IsClosed() {
+		pc, err := r.db.Acquire(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		r.conn, r.owned, r.lastTake = pc.Hijack(), nil, time.Time{}
+	}
+	if len(r.owned) < r.cfg.MaxPartitions && time.Since(r.lastTake) >= r.cfg.TakeoverInterval {
+		r.lastTake = time.Now()
+		owned := make([]int32, len(r.owned))
+		for i, p := range r.owned {
+			owned[i] = int32(p)
+		}
+		rows, _ := r.conn.Query(ctx, partitionsTakeSQL, Partitions, owned, advisoryClass, r.cfg.MaxPartitions-len(r.owned))
+		taken, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+		if err != nil {
+			r.dropLocked()
+			return nil, nil, fmt.Errorf("take outbox partitions: %w", err)
+		}
+		if len(taken) > 0 {
+			r.owned = append(r.owned, taken...)
+			r.logger.InfoContext(ctx, "relay took outbox partitions", "taken", taken, "owned", len(r.owned))
+		}
+		r.ownedCount.Store(int64(len(r.owned)))
+	}
+	return r.conn, r.owned, nil
+}
+
+// dropLocked closes the lease connection, which releases its partitions.
+func (r *Relay) dropLocked() {
+	if r.conn != nil {
+		_ = r.conn.Close(context.Background())
+	}
+	r.conn, r.owned = nil, nil
+	r.ownedCount.Store(0)
+}
+
+func (r *Relay) release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.dropLocked()
+}
 
 type outboxRow struct {
 	ID        uuid.UUID
@@ -134,14 +246,22 @@ type outboxRow struct {
 	Payload   []byte
 }
 
-// RelayBatch publishes one batch of unpublished events, in id order, and
-// marks published the longest prefix of it that JetStream acknowledged, so
-// that a failure never lets a later event of an aggregate overtake an earlier
-// one in the stream. It returns how many rows it claimed.
+// RelayBatch publishes one batch of unpublished events of the partitions
+// this relay owns, in seq order, and marks published the longest prefix of
+// it that JetStream acknowledged. It returns how many rows it claimed. If
+// the lease connection fails, the relay gives up its partitions (they are
+// free for any relay to take) and takes them anew on the next call.
 func (r *Relay) RelayBatch(ctx context.Context) (claimed int, err error) {
+	conn, owned, err := r.lease(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if len(owned) == 0 {
+		return 0, nil // a standby: another relay owns every partition
+	}
 	var publishErr error
-	err = postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, outboxClaimSQL, r.cfg.BatchSize)
+	err = postgres.InTx(ctx, conn, func(tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, outboxClaimSQL, r.cfg.BatchSize, owned)
 		events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxRow])
 		if err != nil {
 			return fmt.Errorf("claim outbox rows: %w", err)
@@ -166,6 +286,9 @@ func (r *Relay) RelayBatch(ctx context.Context) (claimed int, err error) {
 		r.duplicates.Add(int64(duplicates))
 		return nil
 	})
+	if err != nil && conn.IsClosed() {
+		r.release()
+	}
 	if err == nil && publishErr != nil {
 		err = publishErr
 	}
@@ -175,6 +298,9 @@ func (r *Relay) RelayBatch(ctx context.Context) (claimed int, err error) {
 // publish sends events asynchronously and waits for their PubAcks. It returns
 // the length of the acknowledged prefix and how many of those JetStream
 // reported as duplicates, and the first error that cut the prefix short.
+// (Events after a failed one may have been stored; they are sent again with
+// it and then dropped as duplicates, so the stream may hold an aggregate's
+// events out of order. The projectors' version gate puts them right.)
 func (r *Relay) publish(ctx context.Context, events []outboxRow) (acked, duplicates int, err error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(events))
 	var sendErr error
@@ -206,6 +332,39 @@ func (r *Relay) publish(ctx context.Context, events []outboxRow) (acked, duplica
 		}
 	}
 	return acked, duplicates, sendErr
+}
+
+// Prune deletes published rows older than the retention, in batches of
+// 1,000 (each its own statement, skipping rows another relay is deleting).
+func (r *Relay) Prune(ctx context.Context) error {
+	for {
+		tag, err := r.db.Exec(ctx, outboxPruneSQL, r.cfg.Retention.Seconds())
+		if err != nil {
+			return err
+		}
+		r.pruned.Add(tag.RowsAffected())
+		if tag.RowsAffected() < 1000 {
+			return nil
+		}
+	}
+}
+
+// Backlog is what waits to be published: how many rows and how old the
+// oldest is.
+type Backlog struct {
+	Rows      int64
+	OldestAge time.Duration
+}
+
+// ReadBacklog reads the outbox's backlog (of every relay, not just this one).
+func ReadBacklog(ctx context.Context, db postgres.DB) (Backlog, error) {
+	var b Backlog
+	var age float64
+	if err := db.QueryRow(ctx, outboxBacklogSQL).Scan(&b.Rows, &age); err != nil {
+		return Backlog{}, fmt.Errorf("read outbox backlog: %w", err)
+	}
+	b.OldestAge = time.Duration(age * float64(time.Second))
+	return b, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -2,11 +2,14 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -32,7 +35,7 @@ func TestRelayPublishesOnceAndRepublishIsAbsorbed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := stream.Ensure(ctx, js, 1)
+	s, err := stream.Ensure(ctx, js, stream.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +74,7 @@ func TestRelayPublishesOnceAndRepublishIsAbsorbed(t *testing.T) {
 	}
 
 	// Every message carries its event id as Nats-Msg-Id, in outbox order.
-	rows, _ := db.Query(ctx, `SELECT id::text FROM outbox ORDER BY id`)
+	rows, _ := db.Query(ctx, `SELECT id::text FROM outbox ORDER BY seq`)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		t.Fatal(err)
@@ -111,4 +114,89 @@ func TestRelayPublishesOnceAndRepublishIsAbsorbed(t *testing.T) {
 	if info.State.Msgs != n || relay.Stats().Duplicates != n {
 		t.Fatalf("stream holds %d messages, %d duplicates reported; want %d and %d", info.State.Msgs, relay.Stats().Duplicates, n, n)
 	}
+}
+
+// Two relays: one owns every partition, the other stands by; when the
+// owner goes, the standby takes its partitions over and publishes.
+func TestStandbyRelayTakesOver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	ns := testenv.NATS(t)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Ensure(ctx, js, stream.Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := outbox.Config{TakeoverInterval: 50 * time.Millisecond}
+	first, second := outbox.NewRelay(db, js, logger, cfg), outbox.NewRelay(db, js, logger, cfg)
+
+	createOrders(t, db, 10, "a")
+	if _, err := first.RelayBatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.RelayBatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if first.Stats().Partitions != outbox.Partitions || second.Stats().Partitions != 0 {
+		t.Fatalf("partitions: first %d, second %d; want all and none", first.Stats().Partitions, second.Stats().Partitions)
+	}
+
+	// The owner stops (Run returns, or its process dies: either way its
+	// connection closes and its locks go).
+	ctxFirst, stopFirst := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { first.Run(ctxFirst); close(done) }()
+	stopFirst()
+	<-done
+
+	createOrders(t, db, 10, "b")
+	deadline := time.Now().Add(10 * time.Second)
+	for unpublished(t, db) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the standby did not take over within 10s")
+		}
+		if _, err := second.RelayBatch(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if second.Stats().Partitions != outbox.Partitions || second.Stats().Published != 10 {
+		t.Fatalf("standby stats %+v: want all partitions and the 10 new events", second.Stats())
+	}
+}
+
+func createOrders(t *testing.T, db *pgxpool.Pool, n int, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	create := command.NewCreateOrderHandler()
+	for i := range n {
+		err := postgres.InTx(ctx, db, func(tx pgx.Tx) error {
+			_, err := create.Handle(ctx, tx, command.CreateOrder{
+				TenantID: "t1", Key: fmt.Sprintf("%s-%d", prefix, i),
+				NewOrder: domain.NewOrder{CustomerID: "c", Currency: "EUR", Lines: []domain.Line{{SKU: "s", Quantity: 1, UnitPrice: 1}}},
+			})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func unpublished(t *testing.T, db *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

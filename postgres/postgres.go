@@ -64,7 +64,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return migrations.Apply(ctx, conn.Conn())
 }
 
-// Beginner starts transactions; *pgxpool.Pool is one.
+// Beginner starts transactions; *pgxpool.Pool and *pgx.Conn are such.
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }

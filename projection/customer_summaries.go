@@ -23,6 +23,9 @@ var _ Projection = CustomerSummaries{}
 // Name implements Projection.
 func (CustomerSummaries) Name() string { return "customer_summaries" }
 
+// Tables implements Projection.
+func (CustomerSummaries) Tables() []string { return []string{"customer_summaries"} }
+
 type summaryKey struct{ tenant, customer, currency string }
 
 type summaryDelta struct {
@@ -68,7 +71,7 @@ func (CustomerSummaries) Apply(ctx context.Context, tx pgx.Tx, events []domain.E
 	for _, env := range events {
 		switch env.Type {
 		case domain.TypeOrderCreated:
-			e, err := decode[domain.OrderCreated](env)
+			e, err := decodeData[domain.OrderCreated](env)
 			if err != nil {
 				return err
 			}
@@ -78,19 +81,19 @@ func (CustomerSummaries) Apply(ctx context.Context, tx pgx.Tx, events []domain.E
 				d.lastOrderAt = &e.CreatedAt
 			}
 		case domain.TypeOrderPaid:
-			e, err := decode[domain.OrderPaid](env)
+			e, err := decodeData[domain.OrderPaid](env)
 			if err != nil {
 				return err
 			}
 			move(env, e.Transition).paid += e.Total
 		case domain.TypeOrderShipped:
-			e, err := decode[domain.OrderShipped](env)
+			e, err := decodeData[domain.OrderShipped](env)
 			if err != nil {
 				return err
 			}
 			move(env, e.Transition)
 		case domain.TypeOrderCancelled:
-			e, err := decode[domain.OrderCancelled](env)
+			e, err := decodeData[domain.OrderCancelled](env)
 			if err != nil {
 				return err
 			}

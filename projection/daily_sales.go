@@ -22,6 +22,9 @@ var _ Projection = DailySales{}
 // Name implements Projection.
 func (DailySales) Name() string { return "daily_sales" }
 
+// Tables implements Projection.
+func (DailySales) Tables() []string { return []string{"daily_sales"} }
+
 type salesKey struct {
 	tenant   string
 	day      time.Time // midnight UTC
@@ -58,19 +61,19 @@ func (DailySales) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope
 	for _, env := range events {
 		switch env.Type {
 		case domain.TypeOrderCreated:
-			e, err := decode[domain.OrderCreated](env)
+			e, err := decodeData[domain.OrderCreated](env)
 			if err != nil {
 				return err
 			}
 			delta(env.TenantID, e.CreatedAt, e.Currency).orders++
 		case domain.TypeOrderPaid:
-			e, err := decode[domain.OrderPaid](env)
+			e, err := decodeData[domain.OrderPaid](env)
 			if err != nil {
 				return err
 			}
 			delta(env.TenantID, e.At, e.Currency).paid += e.Total
 		case domain.TypeOrderCancelled:
-			e, err := decode[domain.OrderCancelled](env)
+			e, err := decodeData[domain.OrderCancelled](env)
 			if err != nil {
 				return err
 			}

@@ -19,6 +19,9 @@ var _ Projection = OrderViews{}
 // Name implements Projection.
 func (OrderViews) Name() string { return "order_views" }
 
+// Tables implements Projection.
+func (OrderViews) Tables() []string { return []string{"order_views"} }
+
 const (
 	orderViewInsertSQL = `
 INSERT INTO order_views (tenant_id, order_id, customer_id, status, currency, items, total, version, created_at, updated_at)
@@ -53,32 +56,32 @@ func (OrderViews) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope
 		t, id, v := env.TenantID, env.AggregateID, env.AggregateVersion
 		switch env.Type {
 		case domain.TypeOrderCreated:
-			e, err := decode[domain.OrderCreated](env)
+			e, err := decodeData[domain.OrderCreated](env)
 			if err != nil {
 				return err
 			}
 			b.Queue(orderViewInsertSQL, t, id, e.CustomerID, e.Status, e.Currency, e.Items, e.Total, v, e.CreatedAt)
 			continue // a view that exists already (an earlier life of it) stays
 		case domain.TypeOrderPaid:
-			e, err := decode[domain.OrderPaid](env)
+			e, err := decodeData[domain.OrderPaid](env)
 			if err != nil {
 				return err
 			}
 			queueOne(b, env, orderViewPaidSQL, t, id, e.Status, e.At, v)
 		case domain.TypeOrderShipped:
-			e, err := decode[domain.OrderShipped](env)
+			e, err := decodeData[domain.OrderShipped](env)
 			if err != nil {
 				return err
 			}
 			queueOne(b, env, orderViewShippedSQL, t, id, e.Status, e.At, v)
 		case domain.TypeOrderCancelled:
-			e, err := decode[domain.OrderCancelled](env)
+			e, err := decodeData[domain.OrderCancelled](env)
 			if err != nil {
 				return err
 			}
 			queueOne(b, env, orderViewCancelledSQL, t, id, e.Status, e.At, v, e.Reason)
 		case domain.TypeOrderUpdated:
-			e, err := decode[domain.OrderUpdated](env)
+			e, err := decodeData[domain.OrderUpdated](env)
 			if err != nil {
 				return err
 			}
@@ -100,8 +103,8 @@ func queueOne(b *pgx.Batch, env domain.Envelope, sql string, args ...any) {
 	})
 }
 
-// decode unmarshals an event's data, wrapping domain.ErrMalformedEvent.
-func decode[T any](env domain.Envelope) (T, error) {
+// decodeData unmarshals an event's data, wrapping domain.ErrMalformedEvent.
+func decodeData[T any](env domain.Envelope) (T, error) {
 	var v T
 	err := env.Decode(&v)
 	return v, err

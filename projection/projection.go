@@ -28,8 +28,15 @@ const (
 	// Gap: an earlier event of the aggregate has not been applied yet; the
 	// event is retried later.
 	Gap
-	// Malformed: the event can never be applied; it is dropped.
+	// Malformed: the event can never be applied; it is dead-lettered.
 	Malformed
+	// Parked: an earlier event of the aggregate is dead-lettered; this one
+	// waits in dead_letters behind it until that is retried or discarded.
+	Parked
+	// DeadLettered: the event used up its deliveries; it is in dead_letters.
+	DeadLettered
+
+	outcomeCount
 )
 
 func (o Outcome) String() string {
@@ -44,6 +51,10 @@ func (o Outcome) String() string {
 		return "gap"
 	case Malformed:
 		return "malformed"
+	case Parked:
+		return "parked"
+	case DeadLettered:
+		return "dead-lettered"
 	}
 	return "unknown"
 }
@@ -54,6 +65,9 @@ type Projection interface {
 	// positions and checkpoint carry it. It must be a valid JetStream
 	// consumer name.
 	Name() string
+	// Tables are the read-model tables the projection owns (and a rebuild
+	// replaces).
+	Tables() []string
 	// Apply applies events to the read model inside tx. The runner has
 	// already made sure that each event is new (inbox) and next in line for
 	// its aggregate (positions), and passes an aggregate's events in version

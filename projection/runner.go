@@ -10,27 +10,34 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/acme/orders/domain"
-	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/stream"
 )
 
-// Config tunes a Runner. Zero values take the defaults.
+// Config tunes a Runner. Zero values take the defaults; the README's
+// "Operating it" explains each choice.
 type Config struct {
 	// BatchSize is the most events applied in one transaction; default 100.
 	BatchSize int
-	// AckWait is how long JetStream waits for an ack before redelivering;
-	// default 30s. A batch is far shorter than that.
+	// AckWait is how long JetStream waits for an ack before it redelivers
+	// (after a worker died mid-batch); default 30s. A batch that runs long
+	// sends InProgress every AckWait/3, so it is never redelivered while it
+	// is being worked on.
 	AckWait time.Duration
+	// MaxDeliver is how many deliveries an event gets before it is
+	// dead-lettered (a failure that outlasts the backoff, or a predecessor
+	// that never comes); default 10.
+	MaxDeliver int
 	// GapDelay is how long an event whose predecessor is missing waits
-	// before it is delivered again (doubling with each delivery); default
-	// 500ms.
+	// before it is delivered again (doubling with each delivery, up to
+	// 30s); default 500ms.
 	GapDelay time.Duration
+	// RetryDelay is how long a failed event waits before its next delivery
+	// (doubling with each, up to a minute); default 1s.
+	RetryDelay time.Duration
 	// StreamReplicas is the stream's replication (3 on a cluster); default 1.
 	StreamReplicas int
 }
@@ -42,13 +49,21 @@ func (c Config) withDefaults() Config {
 	if c.AckWait <= 0 {
 		c.AckWait = 30 * time.Second
 	}
+	if c.MaxDeliver <= 0 {
+		c.MaxDeliver = 10
+	}
 	if c.GapDelay <= 0 {
 		c.GapDelay = 500 * time.Millisecond
+	}
+	if c.RetryDelay <= 0 {
+		c.RetryDelay = time.Second
 	}
 	return c
 }
 
-// Runner feeds one projection from its durable consumer.
+// Runner feeds one projection from its durable consumer. Any number of
+// runners of the same projection (in one process or many) share the
+// consumer's work; the per-aggregate version gate keeps them correct.
 type Runner struct {
 	db     *pgxpool.Pool
 	js     jetstream.JetStream
@@ -56,33 +71,47 @@ type Runner struct {
 	logger *slog.Logger
 	cfg    Config
 
-	stats [Malformed + 1]atomic.Int64 // per Outcome
+	stats [outcomeCount]atomic.Int64 // per Outcome
 }
 
-// NewRunner returns a Runner applying the stream on js to proj in db.
+// NewRunner returns a Runner applying the stream on js to proj in db. js may
+// be nil for the operations that need only the database (dead letters,
+// rebuild).
 func NewRunner(db *pgxpool.Pool, js jetstream.JetStream, proj Projection, logger *slog.Logger, cfg Config) *Runner {
 	return &Runner{db: db, js: js, proj: proj, logger: logger.With("projection", proj.Name()), cfg: cfg.withDefaults()}
 }
 
+// Name is the projection's name.
+func (r *Runner) Name() string { return r.proj.Name() }
+
 // Stats counts events by outcome since start.
 type Stats struct {
-	Applied, Duplicates, Stale, Gaps, Malformed int64
+	Applied, Duplicates, Stale, Gaps, Malformed, Parked, DeadLettered int64
 }
 
 // Stats returns the runner's counters.
 func (r *Runner) Stats() Stats {
 	return Stats{
-		Applied:    r.stats[Applied].Load(),
-		Duplicates: r.stats[Duplicate].Load(),
-		Stale:      r.stats[Stale].Load(),
-		Gaps:       r.stats[Gap].Load(),
-		Malformed:  r.stats[Malformed].Load(),
+		Applied:      r.stats[Applied].Load(),
+		Duplicates:   r.stats[Duplicate].Load(),
+		Stale:        r.stats[Stale].Load(),
+		Gaps:         r.stats[Gap].Load(),
+		Malformed:    r.stats[Malformed].Load(),
+		Parked:       r.stats[Parked].Load(),
+		DeadLettered: r.stats[DeadLettered].Load(),
 	}
 }
 
 // Consumer creates or updates the projection's durable consumer.
+//
+// The server's MaxDeliver is unlimited on purpose: the runner itself
+// dead-letters an event at Config.MaxDeliver, with its error and raw message,
+// so nothing is ever silently dropped by the server. No BackOff is set: the
+// runner chooses each redelivery's delay itself (NakWithDelay), and a
+// consumer BackOff would override those delays; a worker that dies
+// mid-batch gets its messages redelivered after AckWait.
 func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
-	if _, err := stream.Ensure(ctx, r.js, r.cfg.StreamReplicas); err != nil {
+	if _, err := stream.Ensure(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas}); err != nil {
 		return nil, err
 	}
 	c, err := r.js.CreateOrUpdateConsumer(ctx, stream.Name, jetstream.ConsumerConfig{
@@ -92,7 +121,9 @@ func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       r.cfg.AckWait,
+		MaxDeliver:    -1,
 		MaxAckPending: 10 * r.cfg.BatchSize,
+		Replicas:      r.cfg.StreamReplicas,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create or update consumer %s: %w", r.proj.Name(), err)
@@ -177,21 +208,65 @@ func collect(ctx context.Context, msgs <-chan jetstream.Msg, max int) []jetstrea
 	return batch
 }
 
-// event is one delivered message on its way through a batch.
+// event is one delivered (or stored) event on its way through a batch.
 type event struct {
-	msg         jetstream.Msg
-	env         domain.Envelope
+	msg         jetstream.Msg // nil for an event retried from dead_letters
+	subject     string
+	data        []byte
 	seq         uint64
+	deliveries  uint64
+	env         domain.Envelope
 	undecodable bool // not an envelope at all
 	outcome     Outcome
 	err         error
 }
 
+func fromMessage(m jetstream.Msg) *event {
+	e := &event{msg: m, subject: m.Subject(), data: m.Data(), deliveries: 1}
+	if meta, err := m.Metadata(); err == nil {
+		e.seq, e.deliveries = meta.Sequence.Stream, meta.NumDelivered
+	}
+	return e
+}
+
+// decode parses each event's envelope and sorts the batch: an aggregate's
+// events in version order (so a batch holding v1 and v2 applies both), and
+// every transaction touching the same rows locks them in the same order (so
+// parallel workers cannot deadlock).
+func decode(events []*event) []*event {
+	for _, e := range events {
+		e.env, e.err = domain.DecodeEnvelope(e.data)
+		if e.err != nil {
+			e.outcome, e.undecodable = Malformed, true
+		}
+	}
+	slices.SortStableFunc(events, func(a, b *event) int {
+		if c := cmp.Compare(a.env.AggregateID.String(), b.env.AggregateID.String()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.env.AggregateVersion, b.env.AggregateVersion)
+	})
+	return events
+}
+
+func decodeMessages(msgs []jetstream.Msg) []*event {
+	events := make([]*event, len(msgs))
+	for i, m := range msgs {
+		events[i] = fromMessage(m)
+	}
+	return decode(events)
+}
+
 // Process applies msgs in one transaction and then settles each message:
-// ack when applied, duplicate or stale; a delayed nak on a gap; term when
-// malformed. If the batch transaction fails, each event is tried in a
-// transaction of its own, so one bad event cannot hold up the others.
+// ack when applied, duplicate, stale or parked; a delayed nak on a gap or a
+// failure; dead letter and term when malformed, or when its deliveries are
+// used up. If the batch transaction fails, each event is tried in a
+// transaction of its own, so one bad event cannot hold up the others. A long
+// batch tells JetStream it is still in progress.
 func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
+	stop := r.keepInProgress(msgs)
+	defer stop()
+
 	events := decodeMessages(msgs)
 	if err := r.commit(ctx, events); err != nil {
 		r.logger.WarnContext(ctx, "batch failed; applying its events one by one", "events", len(events), "err", err)
@@ -210,226 +285,89 @@ func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 	r.settle(ctx, events)
 }
 
-func decodeMessages(msgs []jetstream.Msg) []*event {
-	events := make([]*event, len(msgs))
-	for i, m := range msgs {
-		e := &event{msg: m}
-		if meta, err := m.Metadata(); err == nil {
-			e.seq = meta.Sequence.Stream
-		}
-		e.env, e.err = domain.DecodeEnvelope(m.Data())
-		if e.err != nil {
-			e.outcome, e.undecodable = Malformed, true
-		}
-		events[i] = e
-	}
-	// Deterministic order: an aggregate's events in version order (so a batch
-	// holding v1 and v2 applies both), and every transaction touching the
-	// same rows locks them in the same order (so parallel workers cannot
-	// deadlock).
-	slices.SortStableFunc(events, func(a, b *event) int {
-		if c := cmp.Compare(a.env.AggregateID.String(), b.env.AggregateID.String()); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.env.AggregateVersion, b.env.AggregateVersion)
-	})
-	return events
-}
-
-const (
-	positionsLockSQL = `
-SELECT aggregate_id, version FROM projection_positions
-WHERE projection = $1 AND aggregate_id = ANY($2)
-ORDER BY aggregate_id
-FOR UPDATE`
-
-	positionsAdvanceSQL = `
-INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)
-SELECT $1, tenant_id, aggregate_id, version FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS p(tenant_id, aggregate_id, version)
-ORDER BY aggregate_id
-ON CONFLICT (projection, aggregate_id) DO UPDATE
-SET version = GREATEST(projection_positions.version, EXCLUDED.version)`
-
-	inboxInsertSQL = `
-INSERT INTO inbox (projection, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
-SELECT $1, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq
-FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bigint[], $6::bigint[])
-     AS i(event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
-ON CONFLICT (projection, event_id) DO NOTHING
-RETURNING event_id`
-
-	checkpointAdvanceSQL = `
-INSERT INTO projection_checkpoints (projection, stream_seq, updated_at)
-VALUES ($1, $2, now())
-ON CONFLICT (projection) DO UPDATE
-SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq), updated_at = now()`
-
-	// Wakes readers waiting to read their own writes (query.Changes).
-	notifyAppliedSQL = `SELECT pg_notify('projection_applied', $1)`
-)
-
-// commit applies the well-formed events in one transaction:
-//
-//  1. lock the projection's position of every aggregate in the batch and
-//     sort each event: next in line (applied), already passed (stale), or
-//     ahead of a missing predecessor (gap, left for redelivery);
-//  2. record applied and stale events in the inbox; one already there is a
-//     duplicate and is not applied again;
-//  3. apply the new events, advance the positions and the checkpoint, and
-//     notify waiting readers.
-func (r *Runner) commit(ctx context.Context, events []*event) error {
-	name := r.proj.Name()
-	return postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
-		var live []*event
-		var aggregates []uuid.UUID
-		for _, e := range events {
-			if e.undecodable {
-				continue
-			}
-			e.outcome, e.err = 0, nil // a retried transaction starts afresh
-			live = append(live, e)
-			if len(aggregates) == 0 || aggregates[len(aggregates)-1] != e.env.AggregateID {
-				aggregates = append(aggregates, e.env.AggregateID)
+// keepInProgress sends InProgress for msgs every AckWait/3 until stopped.
+func (r *Runner) keepInProgress(msgs []jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(r.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				for _, m := range msgs {
+					_ = m.InProgress()
+				}
 			}
 		}
-		if len(live) == 0 {
-			return nil
-		}
-
-		rows, _ := tx.Query(ctx, positionsLockSQL, name, aggregates)
-		positions := make(map[uuid.UUID]int64, len(aggregates))
-		var aggID uuid.UUID
-		var version int64
-		if _, err := pgx.ForEachRow(rows, []any{&aggID, &version}, func() error {
-			positions[aggID] = version
-			return nil
-		}); err != nil {
-			return fmt.Errorf("lock projection positions: %w", err)
-		}
-		var recorded []*event // applied or stale: they go into the inbox
-		seen := make(map[uuid.UUID]bool, len(live))
-		for _, e := range live { // in (aggregate, version) order
-			if seen[e.env.ID] { // the same event twice in one batch
-				e.outcome = Duplicate
-				continue
-			}
-			seen[e.env.ID] = true
-			pos := positions[e.env.AggregateID]
-			switch v := e.env.AggregateVersion; {
-			case v <= pos:
-				e.outcome = Stale
-			case v == pos+1:
-				e.outcome = Applied
-				positions[e.env.AggregateID] = v
-			default:
-				e.outcome = Gap
-				continue
-			}
-			recorded = append(recorded, e)
-		}
-		if len(recorded) == 0 {
-			return nil
-		}
-
-		n := len(recorded)
-		ids, tenants, aggs := make([]uuid.UUID, n), make([]string, n), make([]uuid.UUID, n)
-		versions, seqs := make([]int64, n), make([]int64, n)
-		for i, e := range recorded {
-			ids[i], tenants[i], aggs[i] = e.env.ID, e.env.TenantID, e.env.AggregateID
-			versions[i], seqs[i] = e.env.AggregateVersion, int64(e.seq)
-		}
-		rows, _ = tx.Query(ctx, inboxInsertSQL, name, ids, tenants, aggs, versions, seqs)
-		inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-		if err != nil {
-			return fmt.Errorf("insert inbox rows: %w", err)
-		}
-		isNew := make(map[uuid.UUID]bool, len(inserted))
-		for _, id := range inserted {
-			isNew[id] = true
-		}
-
-		var apply []domain.Envelope
-		var maxSeq uint64
-		tenants, aggs, versions = tenants[:0], aggs[:0], versions[:0]
-		for _, e := range recorded {
-			maxSeq = max(maxSeq, e.seq)
-			if !isNew[e.env.ID] {
-				e.outcome = Duplicate
-				continue
-			}
-			if e.outcome == Applied {
-				apply = append(apply, e.env)
-				tenants, aggs, versions = append(tenants, e.env.TenantID), append(aggs, e.env.AggregateID), append(versions, e.env.AggregateVersion)
-			}
-		}
-		if len(apply) > 0 {
-			if err := r.proj.Apply(ctx, tx, apply); err != nil {
-				return fmt.Errorf("apply %d events: %w", len(apply), err)
-			}
-			if _, err := tx.Exec(ctx, positionsAdvanceSQL, name, tenants, aggs, versions); err != nil {
-				return fmt.Errorf("advance projection positions: %w", err)
-			}
-			if _, err := tx.Exec(ctx, notifyAppliedSQL, name); err != nil {
-				return fmt.Errorf("notify: %w", err)
-			}
-		}
-		if _, err := tx.Exec(ctx, checkpointAdvanceSQL, name, int64(maxSeq)); err != nil {
-			return fmt.Errorf("advance checkpoint: %w", err)
-		}
-		return nil
-	})
+	}()
+	return func() { close(done) }
 }
 
 // settle acks, naks or terminates each message after the transaction.
 func (r *Runner) settle(ctx context.Context, events []*event) {
 	for _, e := range events {
-		var err error
+		final := e.deliveries >= uint64(r.cfg.MaxDeliver)
 		switch {
 		case e.outcome == Malformed:
-			r.logger.ErrorContext(ctx, "malformed event terminated", "stream_seq", e.seq, "event_id", idOrNil(e.env.ID), "err", e.err)
-			err = e.msg.Term()
+			r.deadLetterAndTerm(ctx, e, e.err.Error())
+			r.stats[Malformed].Add(1)
+			continue
+		case e.err != nil && final:
+			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err))
+			continue
+		case e.outcome == Gap && final:
+			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
+				e.env.AggregateVersion, e.env.AggregateVersion-1, e.deliveries))
+			continue
+		}
+		var err error
+		switch {
 		case e.err != nil:
-			r.logger.ErrorContext(ctx, "event failed; will be redelivered", "event_id", e.env.ID, "err", e.err)
-			err = e.msg.NakWithDelay(redeliveryDelay(e.msg))
+			r.logger.ErrorContext(ctx, "event failed; will be redelivered", "event_id", e.env.ID, "deliveries", e.deliveries, "err", e.err)
+			err = e.msg.NakWithDelay(r.retryDelay(e.deliveries))
 		case e.outcome == Gap:
-			err = e.msg.NakWithDelay(r.gapDelay(e.msg))
+			err = e.msg.NakWithDelay(r.gapDelay(e.deliveries))
+			r.stats[Gap].Add(1)
 		default:
 			err = e.msg.Ack()
+			r.stats[e.outcome].Add(1)
 		}
 		if err != nil {
 			r.logger.WarnContext(ctx, "settle message", "event_id", e.env.ID, "outcome", e.outcome.String(), "err", err)
 		}
-		if e.outcome != 0 && e.err == nil || e.outcome == Malformed {
-			r.stats[e.outcome].Add(1)
-		}
+	}
+}
+
+// deadLetterAndTerm records e in dead_letters and terminates its message.
+// If the record cannot be written, the message is nak'ed instead, so it is
+// never lost.
+func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string) {
+	if err := r.deadLetter(ctx, r.db, e, statusOpen, reason); err != nil {
+		r.logger.ErrorContext(ctx, "cannot record dead letter; will retry", "event_id", e.env.ID, "err", err)
+		_ = e.msg.NakWithDelay(r.retryDelay(e.deliveries))
+		return
+	}
+	r.logger.ErrorContext(ctx, "event dead-lettered", "stream_seq", e.seq, "event_id", e.env.ID,
+		"aggregate_id", e.env.AggregateID, "aggregate_version", e.env.AggregateVersion, "reason", reason)
+	r.stats[DeadLettered].Add(1)
+	if err := e.msg.Term(); err != nil {
+		r.logger.WarnContext(ctx, "term dead-lettered message", "event_id", e.env.ID, "err", err)
 	}
 }
 
 // gapDelay is how long an event waits for its predecessor: GapDelay, doubling
 // with each delivery up to 30s, so an event stuck behind a lost predecessor
 // costs little while it waits.
-func (r *Runner) gapDelay(m jetstream.Msg) time.Duration {
-	n := uint64(1)
-	if meta, err := m.Metadata(); err == nil {
-		n = meta.NumDelivered
-	}
-	return min(r.cfg.GapDelay<<min(n-1, 10), 30*time.Second)
+func (r *Runner) gapDelay(deliveries uint64) time.Duration {
+	return min(r.cfg.GapDelay<<min(max(deliveries, 1)-1, 10), 30*time.Second)
 }
 
-// redeliveryDelay backs off with the number of deliveries: 1s, 2s, 4s … 1m.
-func redeliveryDelay(m jetstream.Msg) time.Duration {
-	n := uint64(1)
-	if meta, err := m.Metadata(); err == nil {
-		n = meta.NumDelivered
-	}
-	return min(time.Second<<min(n-1, 6), time.Minute)
-}
-
-func idOrNil(id uuid.UUID) any {
-	if id == uuid.Nil {
-		return nil
-	}
-	return id
+// retryDelay backs off with the number of deliveries: RetryDelay, doubling,
+// up to a minute.
+func (r *Runner) retryDelay(deliveries uint64) time.Duration {
+	return min(r.cfg.RetryDelay<<min(max(deliveries, 1)-1, 10), time.Minute)
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -37,10 +38,10 @@ func newFixture(t *testing.T, cfg Config) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stream.Ensure(context.Background(), js, 1); err != nil {
+	if _, err := stream.Ensure(context.Background(), js, stream.Settings{}); err != nil {
 		t.Fatal(err)
 	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logger := slog.New(slog.NewTextHandler(testLogOutput(), nil))
 	return fixture{db: db, js: js, runner: NewRunner(db, js, OrderViews{}, logger, cfg)}
 }
 
@@ -251,4 +252,13 @@ func TestOutOfOrderEventWaitsForItsPredecessor(t *testing.T) {
 	if n := f.count(t, `SELECT count(*) FROM inbox`); n != 2 {
 		t.Fatalf("inbox rows = %d, want 2", n)
 	}
+}
+
+// testLogOutput is where runners log in tests: nowhere, unless
+// PROJECTION_TEST_LOG is set.
+func testLogOutput() io.Writer {
+	if os.Getenv("PROJECTION_TEST_LOG") != "" {
+		return os.Stderr
+	}
+	return io.Discard
 }

@@ -28,17 +28,29 @@ const DuplicateWindow = 5 * time.Minute
 // Subject returns the subject an event of eventType is published on.
 func Subject(eventType string) string { return subjectPrefix + eventType }
 
+// Settings are what a deployment chooses about the stream.
+type Settings struct {
+	// Replicas: 1 on a single node, 3 on a cluster (R3).
+	Replicas int
+	// DuplicateWindow overrides the default window (tests).
+	DuplicateWindow time.Duration
+}
+
 // Ensure creates the stream, or updates it to the settings here. It is safe
 // to call from every process at start-up.
-func Ensure(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
+func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstream.Stream, error) {
+	window := DuplicateWindow
+	if set.DuplicateWindow > 0 {
+		window = set.DuplicateWindow
+	}
 	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        Name,
 		Description: "Order events from the outbox, in per-aggregate order",
 		Subjects:    []string{Subjects},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
-		Duplicates:  DuplicateWindow,
-		Replicas:    max(replicas, 1),
+		Duplicates:  window,
+		Replicas:    max(set.Replicas, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create or update stream %s: %w", Name, err)

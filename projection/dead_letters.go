@@ -1,0 +1,166 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/acme/orders/postgres"
+)
+
+// Dead-letter statuses.
+const (
+	statusOpen      = "open"      // could not be applied; blocks its aggregate
+	statusParked    = "parked"    // a later event of a blocked aggregate
+	statusRetried   = "retried"   // applied by `dead-letters retry`
+	statusDiscarded = "discarded" // skipped by `dead-letters discard`
+)
+
+// ErrNoDeadLetter is returned by RetryDeadLetter and DiscardDeadLetter for an
+// id that is not an open dead letter of the projection.
+var ErrNoDeadLetter = errors.New("no open dead letter with that id")
+
+const deadLetterInsertSQL = `
+INSERT INTO dead_letters (projection, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
+                          subject, payload, error, deliveries, status)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
+
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// deadLetter records e with its raw message.
+func (r *Runner) deadLetter(ctx context.Context, db execer, e *event, status, reason string) error {
+	var tenant, eventID, aggregate, version any // NULL for a message that is no event at all
+	if !e.undecodable {
+		tenant, eventID, aggregate, version = e.env.TenantID, e.env.ID, e.env.AggregateID, e.env.AggregateVersion
+	}
+	if _, err := db.Exec(ctx, deadLetterInsertSQL, r.proj.Name(), tenant, eventID, aggregate, version,
+		int64(e.seq), e.subject, e.data, reason, int64(e.deliveries), status); err != nil {
+		return fmt.Errorf("insert dead letter: %w", err)
+	}
+	return nil
+}
+
+// DeadLetter is one row of dead_letters.
+type DeadLetter struct {
+	ID               int64
+	Projection       string
+	EventID          *uuid.UUID
+	AggregateID      *uuid.UUID
+	AggregateVersion *int64
+	StreamSeq        int64
+	Error            string
+	Deliveries       int32
+	Status           string
+	CreatedAt        time.Time
+}
+
+// ListDeadLetters returns the unresolved (open and parked) dead letters of
+// every projection, or all of them with all set, oldest first.
+func ListDeadLetters(ctx context.Context, db postgres.DB, all bool) ([]DeadLetter, error) {
+	rows, _ := db.Query(ctx, `
+SELECT id, projection, event_id, aggregate_id, aggregate_version, stream_seq, error, deliveries, status, created_at
+FROM dead_letters
+WHERE $1 OR status IN ('open', 'parked')
+ORDER BY id`, all)
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
+}
+
+// stored is a dead letter as an event again.
+func storedEvent(ctx context.Context, tx pgx.Tx, where string, args ...any) ([]*event, []int64, error) {
+	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries FROM dead_letters WHERE `+where+` FOR UPDATE`, args...)
+	var events []*event
+	var ids []int64
+	var id, seq int64
+	var deliveries int32
+	var subject string
+	var payload []byte
+	_, err := pgx.ForEachRow(rows, []any{&id, &subject, &payload, &seq, &deliveries}, func() error {
+		events = append(events, &event{subject: subject, data: payload, seq: uint64(seq), deliveries: uint64(deliveries)})
+		ids = append(ids, id)
+		return nil
+	})
+	return decode(events), ids, err
+}
+
+// RetryDeadLetter applies the open dead letter id of this projection again,
+// now that its cause is fixed, and then the events parked behind it, in
+// version order, all in one transaction. If the event still cannot be
+// applied, nothing changes and the error says why.
+func (r *Runner) RetryDeadLetter(ctx context.Context, id int64) (applied int, err error) {
+	return r.resolve(ctx, id, statusRetried)
+}
+
+// DiscardDeadLetter skips the open dead letter id of this projection for
+// good: its aggregate's position moves past it, and the events parked behind
+// it are applied. Use it only when the event's effect must not (or need not)
+// be applied, e.g. an event that should never have been published.
+func (r *Runner) DiscardDeadLetter(ctx context.Context, id int64) (applied int, err error) {
+	return r.resolve(ctx, id, statusDiscarded)
+}
+
+func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied int, err error) {
+	err = postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
+		applied = 0
+		dead, ids, err := storedEvent(ctx, tx, `projection = $1 AND id = $2 AND status = 'open'`, r.proj.Name(), id)
+		if err != nil {
+			return err
+		}
+		if len(dead) == 0 {
+			return fmt.Errorf("%w: %d (projection %s)", ErrNoDeadLetter, id, r.proj.Name())
+		}
+		e := dead[0]
+		if _, err := tx.Exec(ctx, `UPDATE dead_letters SET status = $2, resolved_at = now() WHERE id = ANY($1)`, ids, status); err != nil {
+			return err
+		}
+		if e.undecodable {
+			if status == statusRetried {
+				return fmt.Errorf("dead letter %d is not an event (%v); it can only be discarded", id, e.err)
+			}
+			return nil
+		}
+		if status == statusDiscarded {
+			// Skip it: record it as handled, and move the position past it.
+			e.outcome = Stale
+			if _, err := tx.Exec(ctx, positionsAdvanceSQL, r.proj.Name(), []string{e.env.TenantID},
+				[]uuid.UUID{e.env.AggregateID}, []int64{e.env.AggregateVersion}); err != nil {
+				return err
+			}
+		} else {
+			if err := r.commitTx(ctx, tx, dead); err != nil {
+				return err
+			}
+			if e.outcome != Applied && e.outcome != Duplicate && e.outcome != Stale {
+				return fmt.Errorf("dead letter %d is still not applicable: %s", id, e.outcome)
+			}
+			if e.outcome == Applied {
+				applied++
+			}
+		}
+		parked, parkedIDs, err := storedEvent(ctx, tx, `projection = $1 AND aggregate_id = $2 AND status = 'parked'`, r.proj.Name(), e.env.AggregateID)
+		if err != nil || len(parked) == 0 {
+			return err
+		}
+		if err := r.commitTx(ctx, tx, parked); err != nil {
+			return err
+		}
+		var done []int64
+		for i, p := range parked {
+			if p.outcome == Applied || p.outcome == Duplicate || p.outcome == Stale {
+				done = append(done, parkedIDs[i])
+				if p.outcome == Applied {
+					applied++
+				}
+			}
+		}
+		_, err = tx.Exec(ctx, `UPDATE dead_letters SET status = 'retried', resolved_at = now() WHERE id = ANY($1)`, done)
+		return err
+	})
+	return applied, err
+}

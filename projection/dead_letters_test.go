@@ -1,0 +1,74 @@
+package projection
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// A poison event (here: a read-model constraint it breaks, standing for a
+// bug in the projection) is dead-lettered after MaxDeliver attempts; the
+// same order's later events park behind it; other orders keep flowing; and
+// once the cause is fixed, retry applies the poison event and the parked
+// ones, in order.
+func TestPoisonEventIsDeadLetteredAndItsAggregateParked(t *testing.T) {
+	t.Parallel()
+	cfg := Config{MaxDeliver: 3, RetryDelay: 10 * time.Millisecond, GapDelay: 10 * time.Millisecond}
+	f := newFixture(t, cfg)
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, `ALTER TABLE order_views ADD CONSTRAINT no_poison CHECK (customer_id <> 'poison')`); err != nil {
+		t.Fatal(err)
+	}
+	f.run(t)
+
+	poison, healthy := lifecycleEvents(t, "poison"), lifecycleEvents(t, "healthy")
+	f.publish(t, poison[0], poison[0].ID.String())
+	eventually(t, "the poison event is dead-lettered", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'open'`) == 1
+	})
+	for _, e := range append(poison[1:], healthy...) {
+		f.publish(t, e, e.ID.String())
+	}
+	eventually(t, "the healthy order is applied and the poisoned one's later events are parked", func() bool {
+		var v int64
+		_ = f.db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM order_views WHERE customer_id = 'healthy'`).Scan(&v)
+		return v == 3 && f.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'parked'`) == 2
+	})
+	var id int64
+	var deliveries int
+	var reason string
+	if err := f.db.QueryRow(ctx, `SELECT id, deliveries, error FROM dead_letters WHERE status = 'open'`).Scan(&id, &deliveries, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if deliveries != 3 || reason == "" {
+		t.Fatalf("dead letter after %d deliveries, reason %q; want 3 and the error", deliveries, reason)
+	}
+	if n := f.count(t, `SELECT count(*) FROM order_views WHERE customer_id = 'poison'`); n != 0 {
+		t.Fatal("a poisoned order's event was applied out of order")
+	}
+
+	if _, err := f.runner.RetryDeadLetter(ctx, id); err == nil {
+		t.Fatal("retry succeeded while the cause is still there")
+	}
+	if _, err := f.db.Exec(ctx, `ALTER TABLE order_views DROP CONSTRAINT no_poison`); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := f.runner.RetryDeadLetter(ctx, id)
+	if err != nil || applied != 3 {
+		t.Fatalf("retry applied %d events, err %v; want 3", applied, err)
+	}
+	var status string
+	var version int64
+	if err := f.db.QueryRow(ctx, `SELECT status, version FROM order_views WHERE customer_id = 'poison'`).Scan(&status, &version); err != nil {
+		t.Fatal(err)
+	}
+	if status != "shipped" || version != 3 {
+		t.Fatalf("after retry the poisoned order is %s v%d, want shipped v3", status, version)
+	}
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE status IN ('open', 'parked')`); n != 0 {
+		t.Fatalf("%d dead letters still unresolved", n)
+	}
+	if _, err := f.runner.RetryDeadLetter(ctx, id); err == nil {
+		t.Fatal("a resolved dead letter was retried again")
+	}
+}

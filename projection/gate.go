@@ -1,0 +1,218 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/postgres"
+)
+
+// advisoryClass is the first key of the projector's advisory locks: every
+// batch holds the projection's lock shared, a rebuild's swap holds it
+// exclusively.
+const advisoryClass = 0x0b7b0c5
+
+const (
+	// positionsLockSQL takes the projection's shared lock, then locks the
+	// position of every aggregate of the batch.
+	positionsLockSQL = `
+WITH shared AS (SELECT pg_advisory_xact_lock_shared($3, hashtext($1)))
+SELECT aggregate_id, version FROM projection_positions, shared
+WHERE projection = $1 AND aggregate_id = ANY($2)
+ORDER BY aggregate_id
+FOR UPDATE OF projection_positions`
+
+	positionsAdvanceSQL = `
+INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)
+SELECT $1, tenant_id, aggregate_id, version FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS p(tenant_id, aggregate_id, version)
+ORDER BY aggregate_id
+ON CONFLICT (projection, aggregate_id) DO UPDATE
+SET version = GREATEST(projection_positions.version, EXCLUDED.version)`
+
+	inboxInsertSQL = `
+INSERT INTO inbox (projection, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
+SELECT $1, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq
+FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bigint[], $6::bigint[])
+     AS i(event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
+ON CONFLICT (projection, event_id) DO NOTHING
+RETURNING event_id`
+
+	// Aggregates of the batch with an unresolved dead letter: their later
+	// events are parked, not applied.
+	deadAggregatesSQL = `
+SELECT DISTINCT aggregate_id FROM dead_letters
+WHERE projection = $1 AND status = 'open' AND aggregate_id = ANY($2)`
+
+	checkpointAdvanceSQL = `
+INSERT INTO projection_checkpoints (projection, stream_seq, updated_at)
+VALUES ($1, $2, now())
+ON CONFLICT (projection) DO UPDATE
+SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq), updated_at = now()`
+
+	// Wakes readers waiting to read their own writes (query.Changes).
+	notifyAppliedSQL = `SELECT pg_notify('projection_applied', $1)`
+)
+
+// commit applies events in one transaction of their own.
+func (r *Runner) commit(ctx context.Context, events []*event) error {
+	return postgres.InTx(ctx, r.db, func(tx pgx.Tx) error { return r.commitTx(ctx, tx, events) })
+}
+
+// commitTx applies the well-formed events in tx:
+//
+//  1. lock the projection's position of every aggregate in the batch and
+//     sort each event: next in line (applied), already passed (stale), or
+//     ahead of a missing predecessor (gap, left for redelivery; parked in
+//     dead_letters if the aggregate has an open dead letter);
+//  2. record applied and stale events in the inbox; one already there is a
+//     duplicate and is not applied again;
+//  3. apply the new events, advance the positions and the checkpoint, and
+//     notify waiting readers.
+//
+// It sets each event's outcome; a retried transaction starts afresh.
+func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error {
+	name := r.proj.Name()
+	var live []*event
+	var aggregates []uuid.UUID
+	for _, e := range events {
+		if e.undecodable {
+			continue
+		}
+		e.outcome, e.err = 0, nil
+		live = append(live, e)
+		if len(aggregates) == 0 || aggregates[len(aggregates)-1] != e.env.AggregateID {
+			aggregates = append(aggregates, e.env.AggregateID)
+		}
+	}
+	if len(live) == 0 {
+		return nil
+	}
+
+	rows, _ := tx.Query(ctx, positionsLockSQL, name, aggregates, advisoryClass)
+	positions := make(map[uuid.UUID]int64, len(aggregates))
+	var aggID uuid.UUID
+	var version int64
+	if _, err := pgx.ForEachRow(rows, []any{&aggID, &version}, func() error {
+		positions[aggID] = version
+		return nil
+	}); err != nil {
+		return fmt.Errorf("lock projection positions: %w", err)
+	}
+	var recorded, gaps []*event // recorded: applied or stale, they go into the inbox
+	seen := make(map[uuid.UUID]bool, len(live))
+	for _, e := range live { // in (aggregate, version) order
+		if seen[e.env.ID] { // the same event twice in one batch
+			e.outcome = Duplicate
+			continue
+		}
+		seen[e.env.ID] = true
+		pos := positions[e.env.AggregateID]
+		switch v := e.env.AggregateVersion; {
+		case v <= pos:
+			e.outcome = Stale
+		case v == pos+1:
+			e.outcome = Applied
+			positions[e.env.AggregateID] = v
+		default:
+			e.outcome = Gap
+			gaps = append(gaps, e)
+			continue
+		}
+		recorded = append(recorded, e)
+	}
+	if err := r.park(ctx, tx, gaps); err != nil {
+		return err
+	}
+	if len(recorded) == 0 {
+		return nil
+	}
+
+	n := len(recorded)
+	ids, tenants, aggs := make([]uuid.UUID, n), make([]string, n), make([]uuid.UUID, n)
+	versions, seqs := make([]int64, n), make([]int64, n)
+	for i, e := range recorded {
+		ids[i], tenants[i], aggs[i] = e.env.ID, e.env.TenantID, e.env.AggregateID
+		versions[i], seqs[i] = e.env.AggregateVersion, int64(e.seq)
+	}
+	rows, _ = tx.Query(ctx, inboxInsertSQL, name, ids, tenants, aggs, versions, seqs)
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return fmt.Errorf("insert inbox rows: %w", err)
+	}
+	isNew := make(map[uuid.UUID]bool, len(inserted))
+	for _, id := range inserted {
+		isNew[id] = true
+	}
+
+	var apply []domain.Envelope
+	var maxSeq uint64
+	tenants, aggs, versions = tenants[:0], aggs[:0], versions[:0]
+	for _, e := range recorded {
+		maxSeq = max(maxSeq, e.seq)
+		if !isNew[e.env.ID] {
+			e.outcome = Duplicate
+			continue
+		}
+		if e.outcome == Applied {
+			apply = append(apply, e.env)
+			if n := len(aggs); n > 0 && aggs[n-1] == e.env.AggregateID {
+				versions[n-1] = e.env.AggregateVersion // one row per aggregate: its last version
+				continue
+			}
+			tenants, aggs, versions = append(tenants, e.env.TenantID), append(aggs, e.env.AggregateID), append(versions, e.env.AggregateVersion)
+		}
+	}
+	if len(apply) > 0 {
+		if err := r.proj.Apply(ctx, tx, apply); err != nil {
+			return fmt.Errorf("apply %d events: %w", len(apply), err)
+		}
+		if _, err := tx.Exec(ctx, positionsAdvanceSQL, name, tenants, aggs, versions); err != nil {
+			return fmt.Errorf("advance projection positions: %w", err)
+		}
+		if _, err := tx.Exec(ctx, notifyAppliedSQL, name); err != nil {
+			return fmt.Errorf("notify: %w", err)
+		}
+	}
+	if maxSeq > 0 {
+		if _, err := tx.Exec(ctx, checkpointAdvanceSQL, name, int64(maxSeq)); err != nil {
+			return fmt.Errorf("advance checkpoint: %w", err)
+		}
+	}
+	return nil
+}
+
+// park moves the gap events of aggregates with an open dead letter into
+// dead_letters (status parked), in tx, so that they wait there, in order,
+// instead of cycling through redeliveries.
+func (r *Runner) park(ctx context.Context, tx pgx.Tx, gaps []*event) error {
+	if len(gaps) == 0 {
+		return nil
+	}
+	aggs := make([]uuid.UUID, len(gaps))
+	for i, e := range gaps {
+		aggs[i] = e.env.AggregateID
+	}
+	rows, _ := tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), aggs)
+	dead, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return fmt.Errorf("find dead-lettered aggregates: %w", err)
+	}
+	isDead := make(map[uuid.UUID]bool, len(dead))
+	for _, id := range dead {
+		isDead[id] = true
+	}
+	for _, e := range gaps {
+		if !isDead[e.env.AggregateID] || e.msg == nil {
+			continue
+		}
+		if err := r.deadLetter(ctx, tx, e, statusParked, "parked behind an open dead letter of the same order"); err != nil {
+			return err
+		}
+		e.outcome = Parked
+	}
+	return nil
+}

@@ -13,12 +13,15 @@ import (
 // Check reports whether one dependency is usable; nil means it is.
 type Check func(ctx context.Context) error
 
+// Detail is information /readyz shows without judging it (a backlog, say).
+type Detail func(ctx context.Context) (any, error)
+
 // Register adds GET /healthz (the process is alive: always 200) and GET
 // /readyz (every check passes within two seconds: 200, else 503, with each
-// check's result in the JSON body) to mux.
+// check's result and the details in the JSON body) to mux.
 func Register(mux interface {
 	Get(pattern string, h http.HandlerFunc)
-}, checks map[string]Check) {
+}, checks map[string]Check, details map[string]Detail) {
 	mux.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -43,12 +46,28 @@ func Register(mux interface {
 				}
 			})
 		}
+		info := make(map[string]any, len(details))
+		for name, detail := range details {
+			wg.Go(func() {
+				v, err := detail(ctx)
+				if err != nil {
+					v = err.Error()
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				info[name] = v
+			})
+		}
 		wg.Wait()
 		word := "ok"
 		if status != http.StatusOK {
 			word = "unavailable"
 		}
-		writeJSON(w, status, map[string]any{"status": word, "checks": results})
+		body := map[string]any{"status": word, "checks": results}
+		if len(info) > 0 {
+			body["details"] = info
+		}
+		writeJSON(w, status, body)
 	})
 }
 

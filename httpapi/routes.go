@@ -1,14 +1,12 @@
 package httpapi
 
 import (
-	"fmt"
-	"maps"
 	"net/http"
-	"slices"
 
 	"github.com/go-chi/chi/v5"
 
 	"github.com/acme/orders/health"
+	"github.com/acme/orders/metrics"
 )
 
 func (s *Server) routes() http.Handler {
@@ -22,8 +20,8 @@ func (s *Server) routes() http.Handler {
 			"This endpoint does not support "+r.Method+"."), nil)
 	})
 
-	health.Register(r, s.Checks)
-	r.Get("/metrics", s.metrics)
+	health.Register(r, s.Checks, s.Details)
+	r.Get("/metrics", metrics.Handler(s.Metrics))
 
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.authenticate)
@@ -39,13 +37,4 @@ func (s *Server) routes() http.Handler {
 		r.Get("/idempotency-keys/{key}", s.getIdempotencyKey)
 	})
 	return r
-}
-
-// metrics serves the counters in the Prometheus text format.
-func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
-	names := slices.Sorted(maps.Keys(s.Metrics))
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	for _, name := range names {
-		fmt.Fprintf(w, "# TYPE orders_%s counter\norders_%s %d\n", name, name, s.Metrics[name]())
-	}
 }

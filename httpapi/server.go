@@ -22,6 +22,7 @@ import (
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/health"
+	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/query"
 )
 
@@ -89,10 +90,11 @@ type Deps struct {
 	// for the read model by default; default 2s. Clients may ask for up to
 	// MaxReadWait with Prefer: wait=N.
 	ReadWait time.Duration
-	// Checks are the readiness checks behind /readyz.
-	Checks map[string]health.Check
-	// Metrics are counters served at /metrics (Prometheus text format).
-	Metrics map[string]func() int64
+	// Checks are the readiness checks behind /readyz, Details what else it shows.
+	Checks  map[string]health.Check
+	Details map[string]health.Detail
+	// Metrics are served at /metrics (Prometheus text format).
+	Metrics []metrics.Metric
 }
 
 // MaxReadWait bounds any read-your-writes wait.

@@ -17,6 +17,7 @@ import (
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/health"
 	"github.com/acme/orders/httpapi"
+	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/outbox"
 	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/query"
@@ -32,6 +33,8 @@ type apiConfig struct {
 	relay                          bool
 	keyTTL, keyWait, janitorEvery  time.Duration
 	replicas, poolSize             int
+	relayPartitions                int
+	relayRetention                 time.Duration
 	logFormat, logLevel            string
 	tenant, clientName             string // token create
 }
@@ -50,7 +53,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	var natsURL, httpAddr, tenant, name *string
 	var relay *bool
-	var replicas, poolSize *int
+	var replicas, poolSize, relayPartitions *int
+	var relayRetention *time.Duration
 	var keyTTL, keyWait, janitorEvery *time.Duration
 	switch sub {
 	case "":
@@ -62,6 +66,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		janitorEvery = env.Duration(fs, "idempotency-janitor-interval", "IDEMPOTENCY_JANITOR_INTERVAL", time.Minute, "how often expired keys are deleted")
 		replicas = env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream (3 on a cluster)")
 		poolSize = env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 20, "most PostgreSQL connections of this process")
+		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", 16, "most outbox partitions (of 16) this relay publishes")
+		relayRetention = env.Duration(fs, "relay-retention", "RELAY_RETENTION", 0, "prune published outbox rows after this long (0: keep; rebuilds need them)")
 	case "token create":
 		tenant = fs.String("tenant", "", "tenant the new client acts for (a-z, 0-9, -, _)")
 		name = fs.String("name", "cli", "a label for the client")
@@ -81,6 +87,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		c.natsURL, c.httpAddr, c.relay = *natsURL, *httpAddr, *relay
 		c.keyTTL, c.keyWait, c.janitorEvery = *keyTTL, *keyWait, *janitorEvery
 		c.replicas, c.poolSize = *replicas, *poolSize
+		c.relayPartitions, c.relayRetention = *relayPartitions, *relayRetention
 		switch {
 		case c.keyTTL < time.Second:
 			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
@@ -90,6 +97,10 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-stream-replicas must be 1 to 5, got %d", c.replicas)
 		case c.poolSize < 4:
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
+		case c.relayPartitions < 1 || c.relayPartitions > outbox.Partitions:
+			return c, fmt.Errorf("-relay-partitions must be 1 to %d, got %d", outbox.Partitions, c.relayPartitions)
+		case c.relayRetention < 0:
+			return c, fmt.Errorf("-relay-retention must not be negative, got %s", c.relayRetention)
 		}
 	case "token create":
 		if *tenant == "" {
@@ -159,12 +170,15 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	defer CloseNATS(nc, logger)
 
 	idem := command.NewIdempotency(pool, cfg.keyTTL)
-	metrics := map[string]func() int64{
-		"idempotency_keys_created_total":  func() int64 { return idem.Stats().Created },
-		"idempotency_replays_total":       func() int64 { return idem.Stats().Replays },
-		"idempotency_mismatches_total":    func() int64 { return idem.Stats().Mismatches },
-		"idempotency_waits_total":         func() int64 { return idem.Stats().Waits },
-		"idempotency_wait_timeouts_total": func() int64 { return idem.Stats().WaitTimeouts },
+	counter := func(name, help string, f func() int64) metrics.Metric {
+		return metrics.Metric{Name: name, Help: help, Counter: true, Read: metrics.One(f)}
+	}
+	ms := []metrics.Metric{
+		counter("idempotency_keys_created_total", "keyed commands executed and stored", func() int64 { return idem.Stats().Created }),
+		counter("idempotency_replays_total", "stored responses replayed", func() int64 { return idem.Stats().Replays }),
+		counter("idempotency_mismatches_total", "keys refused for a different request", func() int64 { return idem.Stats().Mismatches }),
+		counter("idempotency_waits_total", "requests held up by an in-flight request with their key", func() int64 { return idem.Stats().Waits }),
+		counter("idempotency_wait_timeouts_total", "requests answered 409 after waiting", func() int64 { return idem.Stats().WaitTimeouts }),
 	}
 
 	// Background work stops after the HTTP server has drained.
@@ -176,7 +190,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	}()
 
 	janitor := &keyJanitor{keys: idem, every: cfg.janitorEvery, logger: logger.With("component", "janitor")}
-	metrics["idempotency_expired_keys_deleted_total"] = janitor.deleted.Load
+	ms = append(ms, counter("idempotency_expired_keys_deleted_total", "expired keys deleted by this replica's janitor", janitor.deleted.Load))
 	wg.Go(func() { janitor.run(bgCtx) })
 
 	if cfg.relay {
@@ -184,9 +198,14 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		if err != nil {
 			return fmt.Errorf("jetstream: %w", err)
 		}
-		relay := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{StreamReplicas: cfg.replicas})
-		metrics["relay_published_total"] = func() int64 { return relay.Stats().Published }
-		metrics["relay_duplicates_total"] = func() int64 { return relay.Stats().Duplicates }
+		relay := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{
+			StreamReplicas: cfg.replicas, MaxPartitions: cfg.relayPartitions, Retention: cfg.relayRetention,
+		})
+		ms = append(ms,
+			counter("relay_published_total", "outbox events published by this relay", func() int64 { return relay.Stats().Published }),
+			counter("relay_duplicates_total", "publishes the stream dropped as duplicates (republished after a crash)", func() int64 { return relay.Stats().Duplicates }),
+			counter("relay_pruned_total", "published outbox rows pruned after the retention", func() int64 { return relay.Stats().Pruned }),
+			metrics.Metric{Name: "relay_partitions_owned", Help: "outbox partitions this relay publishes", Read: metrics.One(func() int64 { return relay.Stats().Partitions })})
 		wg.Go(func() { relay.Run(bgCtx) })
 	}
 
@@ -213,7 +232,11 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 			"postgres": pingPool(pool),
 			"nats":     NATSReady(nc),
 		},
-		Metrics: metrics,
+		Details: map[string]health.Detail{"outbox_backlog": func(ctx context.Context) (any, error) {
+			b, err := outbox.ReadBacklog(ctx, pool)
+			return map[string]any{"events": b.Rows, "oldest_seconds": b.OldestAge.Seconds()}, err
+		}},
+		Metrics: append(ms, backlogMetrics(ctx, pool)...),
 	})
 	// Serve returns once in-flight requests are done; the deferred stop of
 	// the background work and the connections runs after that.
@@ -222,4 +245,23 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 
 func pingPool(pool *pgxpool.Pool) health.Check {
 	return func(ctx context.Context) error { return pool.Ping(ctx) }
+}
+
+// backlogMetrics report what waits in the outbox (for every relay).
+func backlogMetrics(ctx context.Context, pool *pgxpool.Pool) []metrics.Metric {
+	read := func(f func(outbox.Backlog) float64) func() []metrics.Sample {
+		return func() []metrics.Sample {
+			bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			b, err := outbox.ReadBacklog(bctx, pool)
+			if err != nil {
+				return nil
+			}
+			return []metrics.Sample{{Value: f(b)}}
+		}
+	}
+	return []metrics.Metric{
+		{Name: "outbox_backlog_events", Help: "outbox events not yet published", Read: read(func(b outbox.Backlog) float64 { return float64(b.Rows) })},
+		{Name: "outbox_oldest_unpublished_seconds", Help: "age of the oldest unpublished outbox event", Read: read(func(b outbox.Backlog) float64 { return b.OldestAge.Seconds() })},
+	}
 }

@@ -6,33 +6,83 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"strconv"
+	"text/tabwriter"
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/acme/orders/health"
+	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/projection"
 )
 
+const projectorUsage = `usage:
+  projector [flags]                                   keep every read model (serve)
+  projector status [flags]                            lag, throughput and dead letters per projection
+  projector rebuild [flags] PROJECTION                rebuild a projection from the event log, live
+  projector dead-letters list [-all] [flags]          unresolved dead letters (with -all: every one)
+  projector dead-letters retry [flags] ID             apply a dead letter again, then what is parked behind it
+  projector dead-letters discard [flags] ID           skip a dead letter for good, then apply what is parked behind it
+projections: order_views, customer_summaries, daily_sales`
+
+// projections are every read model the projector keeps.
+func projections() []projection.Projection {
+	return []projection.Projection{projection.OrderViews{}, projection.CustomerSummaries{}, projection.DailySales{}}
+}
+
+type projectorConfig struct {
+	databaseURL, natsURL, httpAddr string
+	logFormat, logLevel            string
+	runner                         projection.Config
+	poolSize                       int
+	all                            bool // dead-letters list -all
+}
+
 // RunProjector is the whole projector program (cmd/projector): it keeps
-// every read model and serves /healthz and /readyz. It returns when ctx ends,
-// after each projection has finished and acked its batch in hand. Tests call
-// it with their own arguments, environment and output.
+// every read model and serves /healthz, /readyz and /metrics; its
+// subcommands (see projectorUsage) operate it. Serving returns when ctx
+// ends, after each projection has finished and acked its batch in hand.
+// Tests call it with their own arguments, environment and output.
 func RunProjector(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	sub, rest := "", args[1:]
+	if len(rest) > 0 {
+		switch rest[0] {
+		case "status", "rebuild":
+			sub, rest = rest[0], rest[1:]
+		case "dead-letters":
+			if len(rest) < 2 || (rest[1] != "list" && rest[1] != "retry" && rest[1] != "discard") {
+				return fmt.Errorf("unknown dead-letters command\n%s", projectorUsage)
+			}
+			sub, rest = "dead-letters "+rest[1], rest[2:]
+		}
+	}
+
 	env := NewEnv(getenv)
-	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	fs := flag.NewFlagSet("projector "+sub, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), projectorUsage)
+		fs.PrintDefaults()
+	}
+	var cfg projectorConfig
 	databaseURL := env.String(fs, "database-url", "DATABASE_URL", DefaultDatabaseURL, "PostgreSQL connection URL")
 	natsURL := env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
-	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", ":8081", "address to serve /healthz and /readyz on")
+	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", ":8081", "address to serve /healthz, /readyz and /metrics on")
 	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", 100, "most events applied in one transaction")
-	replicas := env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream (3 on a cluster)")
+	ackWait := env.Duration(fs, "ack-wait", "PROJECTOR_ACK_WAIT", 30*time.Second, "redeliver an event after this long without an ack")
+	maxDeliver := env.Int(fs, "max-deliver", "PROJECTOR_MAX_DELIVER", 10, "dead-letter an event after this many deliveries")
+	replicas := env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream and consumers (3 on a cluster)")
 	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 10, "most PostgreSQL connections of this process")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
-	if err := fs.Parse(args[1:]); err != nil {
+	all := fs.Bool("all", false, "dead-letters list: also the resolved ones")
+	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
@@ -41,12 +91,29 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if err := env.Err(); err != nil {
 		return err
 	}
-	if *batchSize < 1 || *batchSize > 1000 || *replicas < 1 || *replicas > 5 || *poolSize < 4 {
-		return fmt.Errorf("-batch-size must be 1 to 1000, -stream-replicas 1 to 5, -db-pool-size at least 4")
+	switch {
+	case *batchSize < 1 || *batchSize > 1000:
+		return fmt.Errorf("-batch-size must be 1 to 1000, got %d", *batchSize)
+	case *replicas < 1 || *replicas > 5:
+		return fmt.Errorf("-stream-replicas must be 1 to 5, got %d", *replicas)
+	case *poolSize < 4:
+		return fmt.Errorf("-db-pool-size must be at least 4, got %d", *poolSize)
+	case *maxDeliver < 1:
+		return fmt.Errorf("-max-deliver must be at least 1, got %d", *maxDeliver)
+	case *ackWait < time.Second:
+		return fmt.Errorf("-ack-wait must be at least 1s, got %s", *ackWait)
 	}
-	logger := NewLogger(stdout, *logFormat, *logLevel).With("process", "projector")
+	cfg = projectorConfig{
+		databaseURL: *databaseURL, natsURL: *natsURL, httpAddr: *httpAddr,
+		logFormat: *logFormat, logLevel: *logLevel, poolSize: *poolSize, all: *all,
+		runner: projection.Config{BatchSize: *batchSize, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas},
+	}
+	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "projector")
+	if sub != "" {
+		logger = NewLogger(io.Discard, "", "") // subcommands print their result only
+	}
 
-	pool, err := postgres.Open(ctx, *databaseURL, int32(*poolSize))
+	pool, err := postgres.Open(ctx, cfg.databaseURL, int32(cfg.poolSize))
 	if err != nil {
 		return err
 	}
@@ -54,7 +121,58 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	nc, err := ConnectNATS(*natsURL, "orders-projector", logger)
+	runnerOf := func(js jetstream.JetStream, name string) (*projection.Runner, error) {
+		for _, p := range projections() {
+			if p.Name() == name {
+				return projection.NewRunner(pool, js, p, logger, cfg.runner), nil
+			}
+		}
+		return nil, fmt.Errorf("no projection %q\n%s", name, projectorUsage)
+	}
+
+	switch sub {
+	case "rebuild":
+		if fs.NArg() != 1 {
+			return fmt.Errorf("rebuild needs one PROJECTION\n%s", projectorUsage)
+		}
+		r, err := runnerOf(nil, fs.Arg(0))
+		if err != nil {
+			return err
+		}
+		stats, err := r.Rebuild(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "rebuilt %s from %d events in %s\n", r.Name(), stats.Events, stats.Duration.Round(time.Millisecond))
+		return nil
+	case "dead-letters list":
+		return listDeadLetters(ctx, pool, cfg.all, stdout)
+	case "dead-letters retry", "dead-letters discard":
+		id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
+		if fs.NArg() != 1 || err != nil {
+			return fmt.Errorf("%s needs one dead letter ID\n%s", sub, projectorUsage)
+		}
+		var name string
+		if err := pool.QueryRow(ctx, `SELECT projection FROM dead_letters WHERE id = $1`, id).Scan(&name); err != nil {
+			return fmt.Errorf("dead letter %d: %w", id, projection.ErrNoDeadLetter)
+		}
+		r, err := runnerOf(nil, name)
+		if err != nil {
+			return err
+		}
+		resolve, verb := r.RetryDeadLetter, "retried"
+		if sub == "dead-letters discard" {
+			resolve, verb = r.DiscardDeadLetter, "discarded"
+		}
+		applied, err := resolve(ctx, id)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s dead letter %d of %s; %d events applied\n", verb, id, name, applied)
+		return nil
+	}
+
+	nc, err := ConnectNATS(cfg.natsURL, "orders-projector", logger)
 	if err != nil {
 		return err
 	}
@@ -63,15 +181,21 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-
 	// Each projection has its own durable consumer, inbox rows, positions
 	// and checkpoint.
 	var runners []*projection.Runner
-	for _, p := range []projection.Projection{projection.OrderViews{}, projection.CustomerSummaries{}, projection.DailySales{}} {
-		runners = append(runners, projection.NewRunner(pool, js, p, logger, projection.Config{BatchSize: *batchSize, StreamReplicas: *replicas}))
+	for _, p := range projections() {
+		runners = append(runners, projection.NewRunner(pool, js, p, logger, cfg.runner))
 	}
-	// The runners and the health server stop together: when ctx ends, or when
-	// any of them fails. Each runner finishes and acks its batch in hand.
+	if sub == "status" {
+		return printStatus(ctx, runners, stdout)
+	}
+	return serveProjector(ctx, cfg, pool, nc, runners, logger)
+}
+
+func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool, nc *nats.Conn, runners []*projection.Runner, logger *slog.Logger) error {
+	// The runners and the health server stop together: when ctx ends, or
+	// when any of them fails. Each runner finishes and acks its batch in hand.
 	g, gctx := errgroup.WithContext(ctx)
 	for _, r := range runners {
 		g.Go(func() error { return r.Run(gctx) })
@@ -80,7 +204,88 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	health.Register(mux, map[string]health.Check{
 		"postgres": func(ctx context.Context) error { return pool.Ping(ctx) },
 		"nats":     NATSReady(nc),
-	})
-	g.Go(func() error { return Serve(gctx, *httpAddr, mux, logger, 5*time.Second) })
+	}, nil)
+	mux.Get("/metrics", metrics.Handler(projectorMetrics(ctx, runners)))
+	g.Go(func() error { return Serve(gctx, cfg.httpAddr, mux, logger, 5*time.Second) })
 	return g.Wait() // the deferred CloseNATS flushes the last acks
+}
+
+// projectorMetrics are the counters of this process's runners and the lag
+// of each projection (shared by all workers, read at scrape time).
+func projectorMetrics(ctx context.Context, runners []*projection.Runner) []metrics.Metric {
+	perRunner := func(name, help string, counter bool, f func(projection.Stats) int64) metrics.Metric {
+		return metrics.Metric{Name: name, Help: help, Counter: counter, Read: func() []metrics.Sample {
+			var out []metrics.Sample
+			for _, r := range runners {
+				out = append(out, metrics.Sample{Labels: map[string]string{"projection": r.Name()}, Value: float64(f(r.Stats()))})
+			}
+			return out
+		}}
+	}
+	lag := func(name, help string, f func(projection.Lag) float64) metrics.Metric {
+		return metrics.Metric{Name: name, Help: help, Read: func() []metrics.Sample {
+			var out []metrics.Sample
+			for _, r := range runners {
+				lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				l, err := r.Lag(lctx)
+				cancel()
+				if err == nil {
+					out = append(out, metrics.Sample{Labels: map[string]string{"projection": r.Name()}, Value: f(l)})
+				}
+			}
+			return out
+		}}
+	}
+	return []metrics.Metric{
+		perRunner("projection_events_applied_total", "events applied by this process", true, func(s projection.Stats) int64 { return s.Applied }),
+		perRunner("projection_duplicates_skipped_total", "redelivered or copied events skipped by the inbox", true, func(s projection.Stats) int64 { return s.Duplicates }),
+		perRunner("projection_stale_skipped_total", "events the projection was already past", true, func(s projection.Stats) int64 { return s.Stale }),
+		perRunner("projection_gaps_waited_total", "events that arrived before their predecessor and were redelivered later", true, func(s projection.Stats) int64 { return s.Gaps }),
+		perRunner("projection_parked_total", "events parked behind a dead letter", true, func(s projection.Stats) int64 { return s.Parked }),
+		perRunner("projection_dead_lettered_total", "events dead-lettered (malformed included)", true, func(s projection.Stats) int64 { return s.DeadLettered + s.Malformed }),
+		lag("projection_pending_events", "events in the stream not yet delivered", func(l projection.Lag) float64 { return float64(l.Pending) }),
+		lag("projection_ack_pending_events", "events delivered and not yet acked", func(l projection.Lag) float64 { return float64(l.AckPending) }),
+		lag("projection_oldest_unapplied_seconds", "age of the oldest event not yet applied", func(l projection.Lag) float64 { return l.OldestUnapplied.Seconds() }),
+		lag("projection_applied_per_second", "events applied per second over the last minute, all workers", func(l projection.Lag) float64 { return float64(l.AppliedLastMinute) / 60 }),
+		lag("projection_dead_letters_open", "unresolved dead letters", func(l projection.Lag) float64 { return float64(l.DeadOpen) }),
+	}
+}
+
+func printStatus(ctx context.Context, runners []*projection.Runner, stdout io.Writer) error {
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "PROJECTION\tPENDING\tACK PENDING\tOLDEST UNAPPLIED\tAPPLIED/S (1 MIN)\tCHECKPOINT\tDEAD LETTERS\tPARKED")
+	for _, r := range runners {
+		l, err := r.Lag(ctx)
+		if err != nil {
+			return err
+		}
+		oldest := "-"
+		if l.OldestUnapplied > 0 {
+			oldest = l.OldestUnapplied.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%.1f\t%d\t%d\t%d\n", l.Projection, l.Pending, l.AckPending, oldest,
+			float64(l.AppliedLastMinute)/60, l.Checkpoint, l.DeadOpen, l.DeadParked)
+	}
+	return w.Flush()
+}
+
+func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, all bool, stdout io.Writer) error {
+	dls, err := projection.ListDeadLetters(ctx, pool, all)
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tPROJECTION\tSTATUS\tORDER\tVERSION\tSTREAM SEQ\tDELIVERIES\tSINCE\tERROR")
+	for _, d := range dls {
+		order, version := "-", "-"
+		if d.AggregateID != nil {
+			order = d.AggregateID.String()
+		}
+		if d.AggregateVersion != nil {
+			version = strconv.FormatInt(*d.AggregateVersion, 10)
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Projection, d.Status, order, version, d.StreamSeq,
+			d.Deliveries, d.CreatedAt.UTC().Format(time.RFC3339), d.Error)
+	}
+	return w.Flush()
 }

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,38 +29,8 @@ func TestConvergence(t *testing.T) {
 	start(t, "projector", app.RunProjector, env)
 	token := newToken(t, env, "acme")
 
-	const orders, workers = 500, 8
-	rng := rand.New(rand.NewPCG(42, 7))
-	plans := make([][]string, orders)
-	for i := range plans {
-		plans[i] = [][]string{
-			{}, {"pay"}, {"pay", "ship"}, {"cancel"}, {"pay", "cancel"}, {"pay", "ship", "cancel"},
-			{"patch"}, {"patch", "pay", "pay"}, {"pay", "patch", "ship", "ship"},
-		}[rng.IntN(9)]
-	}
-	currencies := []string{"EUR", "USD", "JPY"}
-
-	var wg sync.WaitGroup
-	work := make(chan int)
-	errs := make(chan error, orders)
-	for range workers {
-		wg.Go(func() {
-			for i := range work {
-				errs <- runPlan(t, api, token, i, currencies[i%3], plans[i])
-			}
-		})
-	}
-	for i := range orders {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	const orders = 500
+	workload(t, []string{api}, token, "", orders, 8, 42)
 
 	conn, err := pgx.Connect(context.Background(), env["DATABASE_URL"])
 	if err != nil {
@@ -102,10 +71,10 @@ func TestConvergence(t *testing.T) {
 
 // runPlan creates order i and runs its steps, each retried once with the
 // same key (the retry must replay exactly).
-func runPlan(t *testing.T, api, token string, i int, currency string, steps []string) error {
+func runPlan(t *testing.T, api, token, prefix string, i int, currency string, steps []string) error {
 	body := fmt.Sprintf(`{"customer_id":"c-%d","currency":%q,"items":[{"sku":"s-%d","quantity":%d,"unit_price":%d}]}`,
 		i%37, currency, i%5, 1+i%4, 100+i)
-	created := call(t, http.MethodPost, api+"/v1/orders", token, fmt.Sprintf("create-%d", i), body)
+	created := call(t, http.MethodPost, api+"/v1/orders", token, fmt.Sprintf("%screate-%d", prefix, i), body)
 	if created.status != http.StatusCreated {
 		return fmt.Errorf("order %d: create %d %s", i, created.status, created.body)
 	}
@@ -117,7 +86,7 @@ func runPlan(t *testing.T, api, token string, i int, currency string, steps []st
 		return err
 	}
 	for n, step := range steps {
-		key := fmt.Sprintf("%s-%d-%d", step, i, n)
+		key := fmt.Sprintf("%s%s-%d-%d", prefix, step, i, n)
 		method, path, payload := http.MethodPost, "/v1/orders/"+o.ID+"/"+step, ""
 		header := map[string]string{}
 		switch step {

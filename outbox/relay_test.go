@@ -15,9 +15,11 @@ import (
 
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
+	"github.com/acme/orders/internal/invariant"
 	"github.com/acme/orders/internal/testenv"
 	"github.com/acme/orders/outbox"
 	"github.com/acme/orders/postgres"
+	"github.com/acme/orders/projection"
 	"github.com/acme/orders/stream"
 )
 
@@ -199,4 +201,89 @@ func unpublished(t *testing.T, db *pgxpool.Pool) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// A relay that was down longer than the stream's duplicate window publishes
+// its claimed rows again and the stream takes them as new messages: the
+// projectors' inbox absorbs them, so every read model still counts each
+// event once.
+func TestRepublishBeyondTheDuplicateWindowIsAbsorbedByTheInbox(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	ns := testenv.NATS(t)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const window = time.Second
+	s, err := stream.Ensure(ctx, js, stream.Settings{DuplicateWindow: window})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	relay := outbox.NewRelay(db, js, logger, outbox.Config{DuplicateWindow: window})
+	createOrders(t, db, 20, "w")
+	relayAll(t, relay)
+
+	// Crash after publish, before mark; back after the window.
+	if _, err := db.Exec(ctx, `UPDATE outbox SET published_at = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(window + 500*time.Millisecond)
+	relayAll(t, relay)
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 40 || relay.Stats().Duplicates != 0 {
+		t.Fatalf("stream holds %d messages (%d reported duplicate); want 40 and 0: the window had passed", info.State.Msgs, relay.Stats().Duplicates)
+	}
+
+	var runners []*projection.Runner
+	for _, p := range []projection.Projection{projection.OrderViews{}, projection.CustomerSummaries{}, projection.DailySales{}} {
+		r := projection.NewRunner(db, js, p, logger, projection.Config{})
+		runners = append(runners, r)
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { _ = r.Run(rctx); close(done) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, r := range runners {
+		for r.Stats().Applied+r.Stats().Duplicates < 40 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %+v after 20s", r.Name(), r.Stats())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if s := r.Stats(); s.Applied != 20 || s.Duplicates != 20 {
+			t.Fatalf("%s: %+v; want 20 applied, 20 duplicates skipped", r.Name(), s)
+		}
+	}
+	violations, err := invariant.Check(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range violations {
+		t.Error(v)
+	}
+}
+
+func relayAll(t *testing.T, relay *outbox.Relay) {
+	t.Helper()
+	for {
+		n, err := relay.RelayBatch(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+	}
 }

@@ -12,8 +12,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -179,4 +181,77 @@ func NATS(tb testing.TB) *server.Server {
 		ns.WaitForShutdown()
 	})
 	return ns
+}
+
+// NATSCluster starts an embedded JetStream cluster of n servers on loopback,
+// each with its own store, shut down when the test ends. It returns the
+// servers and a client URL list naming all of them. It waits until the
+// cluster has a JetStream meta leader.
+func NATSCluster(tb testing.TB, n int) ([]*server.Server, string) {
+	tb.Helper()
+	ports := make([]int, n)
+	for i := range ports {
+		ports[i] = freePort(tb)
+	}
+	var routes []string
+	for _, p := range ports {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
+	}
+	servers := make([]*server.Server, n)
+	var urls []string
+	for i := range servers {
+		ns, err := server.NewServer(&server.Options{
+			ServerName: fmt.Sprintf("node-%d", i+1),
+			Host:       "127.0.0.1",
+			Port:       -1,
+			JetStream:  true,
+			StoreDir:   tb.TempDir(),
+			Cluster:    server.ClusterOpts{Name: "orders-test", Host: "127.0.0.1", Port: ports[i]},
+			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
+			NoLog:      true,
+			NoSigs:     true,
+		})
+		if err != nil {
+			tb.Fatalf("new nats server %d: %v", i+1, err)
+		}
+		go ns.Start()
+		servers[i] = ns
+		tb.Cleanup(func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		})
+	}
+	for i, ns := range servers {
+		if !ns.ReadyForConnections(20 * time.Second) {
+			tb.Fatalf("nats server %d did not start within 20s", i+1)
+		}
+		urls = append(urls, ns.ClientURL())
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ready := 0
+		for _, ns := range servers {
+			if ns.JetStreamIsClustered() && ns.JetStreamIsCurrent() {
+				ready++
+			}
+		}
+		if ready == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal("the JetStream cluster did not form within 30s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return servers, strings.Join(urls, ",")
+}
+
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }

@@ -1,0 +1,49 @@
+package app_test
+
+import (
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/acme/orders/internal/app"
+	"github.com/acme/orders/internal/testenv"
+)
+
+// The pipeline on a 3-node JetStream cluster with the stream and consumers
+// at three replicas: one node stops mid-run and nothing is lost. The orders
+// per phase default to a short run (make test); CLUSTER_ORDERS raises it
+// (make cluster-test).
+func TestThreeNodeClusterSurvivesANodeLoss(t *testing.T) {
+	t.Parallel()
+	perPhase := 100
+	if n, err := strconv.Atoi(os.Getenv("CLUSTER_ORDERS")); err == nil && n > 0 {
+		perPhase = n
+	}
+	servers, urls := testenv.NATSCluster(t, 3)
+	env := map[string]string{
+		"DATABASE_URL":    testenv.DatabaseURL(t),
+		"NATS_URL":        urls,
+		"STREAM_REPLICAS": "3",
+		"LOG_FORMAT":      "json",
+	}
+	api := start(t, "api", app.RunAPI, env)
+	start(t, "projector", app.RunProjector, env)
+	token := newToken(t, env, "acme")
+
+	workload(t, []string{api}, token, "one-", perPhase, 8, 11)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		workload(t, []string{api}, token, "two-", perPhase, 8, 12)
+	}()
+	time.Sleep(200 * time.Millisecond) // mid-run
+	servers[0].Shutdown()
+	t.Log("node-1 stopped")
+	<-done
+	workload(t, []string{api}, token, "three-", perPhase, 8, 13)
+	converged(t, env, "3-node cluster with one node lost")
+	if n := countRows(t, env, `SELECT count(*) FROM orders`); n != 3*perPhase {
+		t.Fatalf("%d orders, want %d", n, 3*perPhase)
+	}
+}

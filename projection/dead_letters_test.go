@@ -72,3 +72,42 @@ func TestPoisonEventIsDeadLetteredAndItsAggregateParked(t *testing.T) {
 		t.Fatal("a resolved dead letter was retried again")
 	}
 }
+
+// Discard skips a dead letter for good: the order's position moves past it
+// and the events parked behind it are applied.
+func TestDiscardSkipsTheDeadLetterAndReleasesItsParkedEvents(t *testing.T) {
+	t.Parallel()
+	cfg := Config{MaxDeliver: 2, RetryDelay: 10 * time.Millisecond, GapDelay: 10 * time.Millisecond}
+	f := newFixture(t, cfg)
+	ctx := context.Background()
+	// The paid event (v2) is the poison here: paid_at may not be set.
+	if _, err := f.db.Exec(ctx, `ALTER TABLE order_views ADD CONSTRAINT no_payments CHECK (paid_at IS NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	f.run(t)
+	envs := lifecycleEvents(t, "c-d")
+	for _, e := range envs {
+		f.publish(t, e, e.ID.String())
+	}
+	eventually(t, "v2 is dead-lettered and v3 parked", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'open' AND aggregate_version = 2`) == 1 &&
+			f.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'parked' AND aggregate_version = 3`) == 1
+	})
+	var id int64
+	if err := f.db.QueryRow(ctx, `SELECT id FROM dead_letters WHERE status = 'open'`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := f.runner.DiscardDeadLetter(ctx, id)
+	if err != nil || applied != 1 {
+		t.Fatalf("discard applied %d, err %v; want the parked v3", applied, err)
+	}
+	var status string
+	var version int64
+	var paidAt *time.Time
+	if err := f.db.QueryRow(ctx, `SELECT status, version, paid_at FROM order_views WHERE order_id = $1`, envs[0].AggregateID).Scan(&status, &version, &paidAt); err != nil {
+		t.Fatal(err)
+	}
+	if status != "shipped" || version != 3 || paidAt != nil {
+		t.Fatalf("after discard: %s v%d paid_at %v; want shipped v3 without the discarded payment", status, version, paidAt)
+	}
+}

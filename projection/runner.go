@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -307,19 +308,34 @@ func (r *Runner) keepInProgress(msgs []jetstream.Msg) (stop func()) {
 
 // settle acks, naks or terminates each message after the transaction.
 func (r *Runner) settle(ctx context.Context, events []*event) {
-	for _, e := range events {
+	dead := map[uuid.UUID]bool{} // aggregates dead-lettered in this pass
+	for _, e := range events {   // in (aggregate, version) order
 		final := e.deliveries >= uint64(r.cfg.MaxDeliver)
 		switch {
 		case e.outcome == Malformed:
 			r.deadLetterAndTerm(ctx, e, e.err.Error())
 			r.stats[Malformed].Add(1)
+			dead[e.env.AggregateID] = !e.undecodable
 			continue
 		case e.err != nil && final:
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err))
+			dead[e.env.AggregateID] = true
+			continue
+		case e.outcome == Gap && (dead[e.env.AggregateID] || final && r.hasOpenDeadLetter(ctx, e)):
+			// Behind an event just dead-lettered: wait in dead_letters, not
+			// in redeliveries.
+			if err := r.deadLetter(ctx, r.db, e, statusParked, "parked behind an open dead letter of the same order"); err != nil {
+				r.logger.ErrorContext(ctx, "cannot park event; will retry", "event_id", e.env.ID, "err", err)
+				_ = e.msg.NakWithDelay(r.gapDelay(e.deliveries))
+				continue
+			}
+			r.stats[Parked].Add(1)
+			_ = e.msg.Ack()
 			continue
 		case e.outcome == Gap && final:
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
 				e.env.AggregateVersion, e.env.AggregateVersion-1, e.deliveries))
+			dead[e.env.AggregateID] = true
 			continue
 		}
 		var err error
@@ -338,6 +354,15 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			r.logger.WarnContext(ctx, "settle message", "event_id", e.env.ID, "outcome", e.outcome.String(), "err", err)
 		}
 	}
+}
+
+// hasOpenDeadLetter reports whether e's aggregate has an open dead letter in
+// this projection.
+func (r *Runner) hasOpenDeadLetter(ctx context.Context, e *event) bool {
+	var open bool
+	err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'open')`,
+		r.proj.Name(), e.env.AggregateID).Scan(&open)
+	return err == nil && open
 }
 
 // deadLetterAndTerm records e in dead_letters and terminates its message.

@@ -177,3 +177,42 @@ func TestRebuildDuringLiveLoad(t *testing.T) {
 	wg.Wait()
 	converged(t, env, "after rebuilding under load")
 }
+
+// The projector's operating commands print what an operator needs.
+func TestProjectorCommands(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	api := start(t, "api", app.RunAPI, env)
+	start(t, "projector", app.RunProjector, env)
+	token := newToken(t, env, "acme")
+	workload(t, []string{api}, token, "", 20, 4, 3)
+	converged(t, env, "before the commands")
+
+	run := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := app.RunProjector(context.Background(), append([]string{"projector"}, args...), func(k string) string { return env[k] }, &out)
+		return out.String(), err
+	}
+	status, err := run("status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range invariant.Projections {
+		if !strings.Contains(status, name) {
+			t.Fatalf("status lacks %s:\n%s", name, status)
+		}
+	}
+	t.Logf("projector status:\n%s", status)
+	if list, err := run("dead-letters", "list"); err != nil || !strings.HasPrefix(list, "ID") || strings.Count(list, "\n") != 1 {
+		t.Fatalf("dead-letters list: %v\n%s", err, list)
+	}
+	if _, err := run("dead-letters", "retry", "999"); err == nil {
+		t.Fatal("retry of an unknown dead letter succeeded")
+	}
+	if _, err := run("rebuild", "no_such_projection"); err == nil {
+		t.Fatal("rebuild of an unknown projection succeeded")
+	}
+	if _, err := run("dead-letters", "shred"); err == nil {
+		t.Fatal("an unknown dead-letters command succeeded")
+	}
+}

@@ -23,6 +23,11 @@ import (
 type Config struct {
 	// BatchSize is the most events applied in one transaction; default 100.
 	BatchSize int
+	// BatchWait is how long a batch waits, after its first event, for more
+	// to fill it; default 0: a batch is whatever is buffered already, for the
+	// lowest latency. A few milliseconds buy bigger batches under a steady
+	// trickle of events.
+	BatchWait time.Duration
 	// AckWait is how long JetStream waits for an ack before it redelivers
 	// (after a worker died mid-batch); default 30s. A batch that runs long
 	// sends InProgress every AckWait/3, so it is never redelivered while it
@@ -177,7 +182,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}()
 
 	for {
-		batch := collect(ctx, msgs, r.cfg.BatchSize)
+		batch := collect(ctx, msgs, r.cfg.BatchSize, r.cfg.BatchWait)
 		if batch == nil {
 			return nil
 		}
@@ -189,8 +194,8 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // collect blocks for one message, then takes whatever else is already
-// buffered, up to max. It returns nil when ctx ends.
-func collect(ctx context.Context, msgs <-chan jetstream.Msg, max int) []jetstream.Msg {
+// buffered, or arrives within wait, up to max. It returns nil when ctx ends.
+func collect(ctx context.Context, msgs <-chan jetstream.Msg, max int, wait time.Duration) []jetstream.Msg {
 	var batch []jetstream.Msg
 	select {
 	case <-ctx.Done():
@@ -198,11 +203,28 @@ func collect(ctx context.Context, msgs <-chan jetstream.Msg, max int) []jetstrea
 	case m := <-msgs:
 		batch = append(batch, m)
 	}
+	var deadline <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		deadline = t.C
+	}
 	for len(batch) < max {
 		select {
 		case m := <-msgs:
 			batch = append(batch, m)
+			continue
 		default:
+		}
+		if deadline == nil {
+			return batch
+		}
+		select {
+		case m := <-msgs:
+			batch = append(batch, m)
+		case <-deadline:
+			return batch
+		case <-ctx.Done():
 			return batch
 		}
 	}

@@ -29,7 +29,7 @@ trap 'exit 130' INT; trap 'exit 143' TERM; \
 export TEST_DATABASE_URL='$(TEST_DB_URL)'; $(1)
 endef
 
-.PHONY: help run test test/race fuzz e2e http migrate lint bench clean cluster cluster/stop cluster-test
+.PHONY: help run test test/race fuzz e2e http migrate lint bench clean cluster cluster/stop cluster-test faults faults-short
 
 help: ## Show this help
 	@echo "Usage: make <target>"
@@ -70,6 +70,15 @@ migrate: ## Apply database migrations (DATABASE_URL, or the PostgreSQL of `make 
 		if [ $$was_running = 0 ]; then trap 'scripts/pg.sh stop $(RUN_PG_DIR)' EXIT; fi; \
 		DATABASE_URL="$$(scripts/pg.sh url $(RUN_PG_PORT))" go run ./cmd/api migrate; \
 	fi
+
+SEED     ?= $(shell date +%s%N | cut -c10-15)
+DURATION ?= 3m
+
+faults: ## Fault suite: crashes, restarts, network faults under load, then the invariant check (SEED=…, DURATION=3m)
+	@go run ./cmd/faults -seed $(SEED) -duration $(DURATION)
+
+faults-short: ## A short fault-suite run (45 s of faults; part of CI)
+	@go run ./cmd/faults -seed $(SEED) -duration 45s -every 2s -dir .local/faults-short
 
 CLUSTER_DIR  := .local/cluster
 CLUSTER_PORT := 14250

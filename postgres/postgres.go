@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -26,10 +27,13 @@ const (
 )
 
 // Open connects a pool of at most maxConns connections to url (unless the
-// url sets pool_max_conns) and checks that the server answers. Statements
-// time out after a minute unless the url sets another statement_timeout, so
-// a stalled database cannot hold a request (or a shutdown) forever.
-func Open(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+// url sets pool_max_conns) and waits until the server answers: for up to
+// wait, or, with wait 0, until ctx ends, logging every failed attempt. A
+// service started while its database restarts thus comes up by itself.
+// Statements time out after a minute unless the url sets another
+// statement_timeout, so a stalled database cannot hold a request (or a
+// shutdown) forever.
+func Open(ctx context.Context, url string, maxConns int32, wait time.Duration, logger *slog.Logger) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
@@ -44,13 +48,27 @@ func Open(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error
 	if err != nil {
 		return nil, fmt.Errorf("open database pool: %w", err)
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("database at %s:%d not reachable: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	var deadline time.Time
+	if wait > 0 {
+		deadline = time.Now().Add(wait)
 	}
-	return pool, nil
+	for backoff := 250 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = pool.Ping(pingCtx)
+		cancel()
+		if err == nil {
+			return pool, nil
+		}
+		if ctx.Err() != nil || !deadline.IsZero() && time.Now().After(deadline) {
+			pool.Close()
+			return nil, fmt.Errorf("database at %s:%d not reachable: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+		}
+		logger.WarnContext(ctx, "database not reachable yet; retrying", "host", cfg.ConnConfig.Host, "port", cfg.ConnConfig.Port, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+	}
 }
 
 // Migrate applies the schema migrations on one connection of pool. It is safe

@@ -3,6 +3,7 @@
 #
 #   scripts/pg.sh start DIR PORT [--fast]   init (if needed) + start; creates database "orders"
 #   scripts/pg.sh stop DIR                  stop (ok if not running)
+#   scripts/pg.sh crash DIR                 stop like a crash (immediate: recovery at the next start)
 #   scripts/pg.sh status DIR                exit 0 if a server is running on DIR
 #   scripts/pg.sh wipe DIR                  stop and delete DIR/data (and its /tmp target, if any)
 #   scripts/pg.sh url PORT [DB]             print the connection URL (DB defaults to orders)
@@ -182,7 +183,8 @@ ensure_db() { # ensure_db PORT LOG
 }
 
 cmd_stop() {
-	[ $# -eq 1 ] || usage
+	[ $# -ge 1 ] || usage
+	local mode=${2:-fast}
 	[ -d "$1" ] || return 0
 	local dir pgbin data
 	dir=$(abs_dir "$1")
@@ -190,7 +192,7 @@ cmd_stop() {
 	[ -n "$data" ] && [ -f "$data/PG_VERSION" ] || return 0
 	pgbin=$(find_pgbin)
 	if running "$pgbin" "$data"; then
-		if ! as_server "$pgbin/pg_ctl" stop -D "$data" -m fast -w -t 60 >/dev/null 2>&1; then
+		if ! as_server "$pgbin/pg_ctl" stop -D "$data" -m "$mode" -w -t 60 >/dev/null 2>&1; then
 			log_tail "$dir/postgres.log"
 			die "could not stop PostgreSQL in $data"
 		fi
@@ -234,6 +236,7 @@ shift
 case "$sub" in
 start) cmd_start "$@" ;;
 stop) cmd_stop "$@" ;;
+crash) cmd_stop "$1" immediate ;; # like a crash: no checkpoint; recovery at the next start
 status) cmd_status "$@" ;;
 wipe) cmd_wipe "$@" ;;
 url) cmd_url "$@" ;;

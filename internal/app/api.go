@@ -139,7 +139,13 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 		logger = slog.New(slog.DiscardHandler)
 	}
 
-	pool, err := postgres.Open(ctx, cfg.databaseURL, int32(cfg.poolSize))
+	// Serving waits for the database as long as it takes; a one-off command
+	// gives up after 30 s.
+	wait := time.Duration(0)
+	if sub != "" {
+		wait = 30 * time.Second
+	}
+	pool, err := postgres.Open(ctx, cfg.databaseURL, int32(cfg.poolSize), wait, logger)
 	if err != nil {
 		return err
 	}

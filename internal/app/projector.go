@@ -114,7 +114,11 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		logger = NewLogger(io.Discard, "", "") // subcommands print their result only
 	}
 
-	pool, err := postgres.Open(ctx, cfg.databaseURL, int32(cfg.poolSize))
+	wait := time.Duration(0) // serving waits for the database; commands give up after 30 s
+	if sub != "" {
+		wait = 30 * time.Second
+	}
+	pool, err := postgres.Open(ctx, cfg.databaseURL, int32(cfg.poolSize), wait, logger)
 	if err != nil {
 		return err
 	}

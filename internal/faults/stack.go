@@ -1,0 +1,322 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// stack is the system under test, every part a real process (PostgreSQL,
+// nats-server, the api and projector binaries) except the network proxies,
+// which run in this process (toxiproxy as a library) on 127.0.0.1.
+type stack struct {
+	root, dir string // repo root; state directory
+	log       *slog.Logger
+	pgPort    int
+	natsPort  int
+	bin       string // directory of the built binaries
+	toxi      *toxiproxy.ApiServer
+	proxies   map[string]*toxiproxy.Proxy
+	token     string
+
+	mu    sync.Mutex
+	procs map[string]*proc
+}
+
+// proc is one service process the harness runs (and kills, and restarts).
+type proc struct {
+	name     string
+	args     []string
+	env      []string
+	port     int // its HTTP port
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	killedBy bool // the harness killed it on purpose
+	crashes  int  // exits the harness did not cause
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// run runs a command to completion, output to the log file name in dir.
+func (s *stack) run(ctx context.Context, logName string, name string, args ...string) error {
+	f, err := os.OpenFile(filepath.Join(s.dir, logName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = s.root, f, f
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w (see %s)", name, strings.Join(args, " "), err, filepath.Join(s.dir, logName))
+	}
+	return nil
+}
+
+// up builds the binaries and starts PostgreSQL, NATS, the proxies and the
+// services.
+func (s *stack) up(ctx context.Context) error {
+	s.bin = filepath.Join(s.dir, "bin")
+	for _, c := range []string{"api", "projector"} {
+		if err := s.run(ctx, "build.log", "go", "build", "-o", filepath.Join(s.bin, c), "./cmd/"+c); err != nil {
+			return err
+		}
+	}
+	var err error
+	if s.pgPort, err = freePort(); err != nil {
+		return err
+	}
+	if s.natsPort, err = freePort(); err != nil {
+		return err
+	}
+	if err := s.startPostgres(ctx); err != nil {
+		return err
+	}
+	if err := s.startNATS(ctx); err != nil {
+		return err
+	}
+
+	// Proxies: api→PostgreSQL, relay→NATS, projector→NATS, and one in front
+	// of each api for the clients (to lose responses after the server did
+	// the work).
+	s.toxi = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	s.proxies = map[string]*toxiproxy.Proxy{}
+	addProxy := func(name string, upstream int) (int, error) {
+		p := toxiproxy.NewProxy(s.toxi, name, "127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", upstream))
+		if err := p.Start(); err != nil {
+			return 0, fmt.Errorf("proxy %s: %w", name, err)
+		}
+		s.proxies[name] = p
+		_, port, _ := net.SplitHostPort(p.Listen)
+		var n int
+		fmt.Sscan(port, &n)
+		return n, nil
+	}
+	apiPG, err := addProxy("api-postgres", s.pgPort)
+	if err != nil {
+		return err
+	}
+	relayNATS, err := addProxy("relay-nats", s.natsPort)
+	if err != nil {
+		return err
+	}
+	projNATS, err := addProxy("projector-nats", s.natsPort)
+	if err != nil {
+		return err
+	}
+
+	pgURL := func(port int) string {
+		return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/orders?sslmode=disable", port)
+	}
+	natsURL := func(port int) string { return fmt.Sprintf("nats://127.0.0.1:%d", port) }
+	common := []string{"LOG_FORMAT=json", "IDEMPOTENCY_WAIT=2s"}
+
+	s.procs = map[string]*proc{}
+	for i := 1; i <= 2; i++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		s.procs[fmt.Sprintf("api-%d", i)] = &proc{name: fmt.Sprintf("api-%d", i), args: []string{"-relay=false"}, port: port,
+			env: append(common, "DATABASE_URL="+pgURL(apiPG), "NATS_URL="+natsURL(relayNATS), fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", port))}
+	}
+	for i := 1; i <= 2; i++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		s.procs[fmt.Sprintf("relay-%d", i)] = &proc{name: fmt.Sprintf("relay-%d", i), port: port,
+			env: append(common, "DATABASE_URL="+pgURL(apiPG), "NATS_URL="+natsURL(relayNATS), fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", port))}
+	}
+	for i := 1; i <= 2; i++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		s.procs[fmt.Sprintf("projector-%d", i)] = &proc{name: fmt.Sprintf("projector-%d", i), port: port,
+			env: append(common, "DATABASE_URL="+pgURL(s.pgPort), "NATS_URL="+natsURL(projNATS), fmt.Sprintf("PROJECTOR_HTTP_ADDR=127.0.0.1:%d", port),
+				"PROJECTOR_ACK_WAIT=5s")}
+	}
+	for _, p := range s.procs {
+		if err := s.start(p); err != nil {
+			return err
+		}
+	}
+	for _, p := range s.procs {
+		if err := s.waitReady(ctx, p, 60*time.Second); err != nil {
+			return err
+		}
+		if strings.HasPrefix(p.name, "api-") {
+			if _, err := addProxy("client-"+p.name, p.port); err != nil {
+				return err
+			}
+		}
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(s.bin, "api"), "token", "create", "-tenant", "faults",
+		"-database-url", pgURL(s.pgPort)).Output()
+	if err != nil {
+		return fmt.Errorf("create token: %w", err)
+	}
+	s.token = strings.TrimSpace(string(out))
+	return nil
+}
+
+func (s *stack) startPostgres(ctx context.Context) error {
+	return s.run(ctx, "scripts.log", "scripts/pg.sh", "start", filepath.Join(s.dir, "pg"), fmt.Sprint(s.pgPort))
+}
+
+// crashPostgres stops PostgreSQL the way a crash does (immediate: no
+// checkpoint, crash recovery at the next start).
+func (s *stack) crashPostgres(ctx context.Context) error {
+	return s.run(ctx, "scripts.log", "scripts/pg.sh", "crash", filepath.Join(s.dir, "pg"))
+}
+
+func (s *stack) startNATS(ctx context.Context) error {
+	return s.run(ctx, "scripts.log", "scripts/nats.sh", "start", filepath.Join(s.dir, "nats"), fmt.Sprint(s.natsPort))
+}
+
+// killNATS kills nats-server with SIGKILL (its store syncs every write).
+func (s *stack) killNATS() error {
+	b, err := os.ReadFile(filepath.Join(s.dir, "nats", "nats.pid"))
+	if err != nil {
+		return err
+	}
+	var pid int
+	fmt.Sscan(string(b), &pid)
+	return syscall.Kill(pid, syscall.SIGKILL)
+}
+
+func (s *stack) start(p *proc) error {
+	bin := "api"
+	if strings.HasPrefix(p.name, "projector") {
+		bin = "projector"
+	}
+	f, err := os.OpenFile(filepath.Join(s.dir, p.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(s.bin, bin), p.args...)
+	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s: %w", p.name, err)
+	}
+	s.mu.Lock()
+	p.cmd, p.exited, p.killedBy = cmd, make(chan struct{}), false
+	s.mu.Unlock()
+	go func(exited chan struct{}) {
+		_ = cmd.Wait()
+		f.Close()
+		s.mu.Lock()
+		if !p.killedBy {
+			p.crashes++
+			s.log.Error("process exited on its own", "process", p.name, "state", cmd.ProcessState.String())
+		}
+		s.mu.Unlock()
+		close(exited)
+	}(p.exited)
+	return nil
+}
+
+// kill9 kills p with SIGKILL and waits until it is gone.
+func (s *stack) kill9(p *proc) {
+	s.mu.Lock()
+	p.killedBy = true
+	cmd, exited := p.cmd, p.exited
+	s.mu.Unlock()
+	_ = cmd.Process.Kill()
+	<-exited
+}
+
+// stop ends p with SIGTERM (graceful), SIGKILL after 15 s.
+func (s *stack) stop(p *proc) {
+	s.mu.Lock()
+	p.killedBy = true
+	cmd, exited := p.cmd, p.exited
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+}
+
+// alive restarts any process that has exited (a crash the harness did not
+// cause is counted by start's waiter).
+func (s *stack) restartDead() error {
+	for _, p := range s.procs {
+		select {
+		case <-p.exited:
+			if err := s.start(p); err != nil {
+				return err
+			}
+		default:
+		}
+	}
+	return nil
+}
+
+func (s *stack) waitReady(ctx context.Context, p *proc, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", p.port)
+	for {
+		res, err := http.Get(url)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready within %s (see %s)", p.name, within, filepath.Join(s.dir, p.name+".log"))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// down stops everything the stack started.
+func (s *stack) down() {
+	for _, p := range s.procs {
+		if p.cmd != nil {
+			s.stop(p)
+		}
+	}
+	for _, p := range s.proxies {
+		p.Stop()
+	}
+	ctx := context.Background()
+	_ = s.run(ctx, "scripts.log", "scripts/nats.sh", "stop", filepath.Join(s.dir, "nats"))
+	_ = s.run(ctx, "scripts.log", "scripts/pg.sh", "stop", filepath.Join(s.dir, "pg"))
+}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 func TestRequestsNeedAKnownBearerToken(t *testing.T) {
@@ -153,16 +155,7 @@ func TestKeyLookup(t *testing.T) {
 func TestInFlightKeyWaitsThen409(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
-	ctx := context.Background()
-	tx, err := a.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
-		VALUES ('t1', 'POST /v1/orders', 'busy', '\x00', 1, '{}', now() + interval '1 day')`); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdKey(t, a, "busy")
 
 	start := time.Now()
 	res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Idempotency-Key": "busy", "Prefer": "wait=1"}, validBody)
@@ -183,7 +176,7 @@ func TestInFlightKeyWaitsThen409(t *testing.T) {
 		t.Fatalf("stats = %+v, want one wait that timed out", s)
 	}
 
-	if err := tx.Rollback(ctx); err != nil {
+	if err := tx.Rollback(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if res := a.post(t, "busy", validBody); res.status != http.StatusCreated {
@@ -194,19 +187,27 @@ func TestInFlightKeyWaitsThen409(t *testing.T) {
 func TestPreferWaitIsBoundedByTheServer(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
-	ctx := context.Background()
-	tx, err := a.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
-		VALUES ('t1', 'POST /v1/orders', 'busy', '\x00', 1, '{}', now() + interval '1 day')`); err != nil {
-		t.Fatal(err)
-	}
+	holdKey(t, a, "busy")
 	start := time.Now()
 	res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Idempotency-Key": "busy", "Prefer": "respond-async, wait=0"}, validBody)
 	if res.status != http.StatusConflict || time.Since(start) > 2*time.Second {
 		t.Fatalf("Prefer: wait=0 → %d after %s; want an immediate 409", res.status, time.Since(start))
 	}
+}
+
+// holdKey claims key for tenant t1 on POST /v1/orders in a transaction that
+// stays open (a request in flight) until the test rolls it back or ends.
+func holdKey(t *testing.T, a api, key string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := a.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
+		VALUES ('t1', 'POST /v1/orders', $1, '\x00', 1, '{}', now() + interval '1 day')`, key); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/acme/orders/domain"
@@ -28,16 +27,7 @@ type fixture struct {
 func newFixture(t *testing.T, cfg Config) fixture {
 	t.Helper()
 	db := testenv.DB(t)
-	ns := testenv.NATS(t)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testenv.JetStream(t)
 	if _, err := stream.Ensure(context.Background(), js, stream.Settings{}); err != nil {
 		t.Fatal(err)
 	}

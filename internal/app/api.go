@@ -141,18 +141,11 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 
 	// Serving waits for the database as long as it takes; a one-off command
 	// gives up after 30 s.
-	wait := time.Duration(0)
-	if sub != "" {
-		wait = 30 * time.Second
-	}
-	pool, err := postgres.Open(ctx, cfg.databaseURL, int32(cfg.poolSize), wait, logger)
+	pool, err := openDB(ctx, cfg.databaseURL, cfg.poolSize, sub != "", logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := postgres.Migrate(ctx, pool); err != nil {
-		return err
-	}
 	switch sub {
 	case "migrate":
 		logger.Info("migrations applied")

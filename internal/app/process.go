@@ -18,7 +18,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+
+	"github.com/acme/orders/postgres"
 )
 
 // Defaults match the local stack that `make run` starts.
@@ -192,4 +195,23 @@ func Serve(ctx context.Context, addr string, h http.Handler, logger *slog.Logger
 		return srv.Close()
 	}
 	return nil
+}
+
+// openDB opens the pool for a process: serving waits for the database as
+// long as it takes (so a restart during an outage needs no repair), a
+// one-off command gives up after 30 s.
+func openDB(ctx context.Context, url string, poolSize int, oneOff bool, logger *slog.Logger) (*pgxpool.Pool, error) {
+	wait := time.Duration(0)
+	if oneOff {
+		wait = 30 * time.Second
+	}
+	pool, err := postgres.Open(ctx, url, int32(poolSize), wait, logger)
+	if err != nil {
+		return nil, err
+	}
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
 }

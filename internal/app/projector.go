@@ -19,7 +19,6 @@ import (
 
 	"github.com/acme/orders/health"
 	"github.com/acme/orders/metrics"
-	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/projection"
 )
 
@@ -114,18 +113,11 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		logger = NewLogger(io.Discard, "", "") // subcommands print their result only
 	}
 
-	wait := time.Duration(0) // serving waits for the database; commands give up after 30 s
-	if sub != "" {
-		wait = 30 * time.Second
-	}
-	pool, err := postgres.Open(ctx, cfg.databaseURL, int32(cfg.poolSize), wait, logger)
+	pool, err := openDB(ctx, cfg.databaseURL, cfg.poolSize, sub != "", logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := postgres.Migrate(ctx, pool); err != nil {
-		return err
-	}
 	runnerOf := func(js jetstream.JetStream, name string) (*projection.Runner, error) {
 		for _, p := range projections() {
 			if p.Name() == name {

@@ -132,30 +132,31 @@ func (s *stack) up(ctx context.Context) error {
 	common := []string{"LOG_FORMAT=json", "IDEMPOTENCY_WAIT=2s"}
 
 	s.procs = map[string]*proc{}
-	for i := 1; i <= 2; i++ {
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
-		s.procs[fmt.Sprintf("api-%d", i)] = &proc{name: fmt.Sprintf("api-%d", i), args: []string{"-relay=false"}, port: port,
-			env: append(common, "DATABASE_URL="+pgURL(apiPG), "NATS_URL="+natsURL(relayNATS), fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", port))}
+	services := []struct {
+		name string
+		args []string
+		env  func(port int) []string
+	}{
+		{"api", []string{"-relay=false"}, func(port int) []string {
+			return []string{"DATABASE_URL=" + pgURL(apiPG), "NATS_URL=" + natsURL(relayNATS), fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", port)}
+		}},
+		{"relay", nil, func(port int) []string { // an api process that gets no traffic
+			return []string{"DATABASE_URL=" + pgURL(apiPG), "NATS_URL=" + natsURL(relayNATS), fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", port)}
+		}},
+		{"projector", nil, func(port int) []string {
+			return []string{"DATABASE_URL=" + pgURL(s.pgPort), "NATS_URL=" + natsURL(projNATS),
+				fmt.Sprintf("PROJECTOR_HTTP_ADDR=127.0.0.1:%d", port), "PROJECTOR_ACK_WAIT=5s"}
+		}},
 	}
-	for i := 1; i <= 2; i++ {
-		port, err := freePort()
-		if err != nil {
-			return err
+	for _, svc := range services {
+		for i := 1; i <= 2; i++ {
+			port, err := freePort()
+			if err != nil {
+				return err
+			}
+			name := fmt.Sprintf("%s-%d", svc.name, i)
+			s.procs[name] = &proc{name: name, args: svc.args, port: port, env: append(append([]string{}, common...), svc.env(port)...)}
 		}
-		s.procs[fmt.Sprintf("relay-%d", i)] = &proc{name: fmt.Sprintf("relay-%d", i), port: port,
-			env: append(common, "DATABASE_URL="+pgURL(apiPG), "NATS_URL="+natsURL(relayNATS), fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", port))}
-	}
-	for i := 1; i <= 2; i++ {
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
-		s.procs[fmt.Sprintf("projector-%d", i)] = &proc{name: fmt.Sprintf("projector-%d", i), port: port,
-			env: append(common, "DATABASE_URL="+pgURL(s.pgPort), "NATS_URL="+natsURL(projNATS), fmt.Sprintf("PROJECTOR_HTTP_ADDR=127.0.0.1:%d", port),
-				"PROJECTOR_ACK_WAIT=5s")}
 	}
 	for _, p := range s.procs {
 		if err := s.start(p); err != nil {

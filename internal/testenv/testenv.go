@@ -23,6 +23,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/acme/orders/migrations"
 )
@@ -254,4 +256,26 @@ func freePort(tb testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// JetStream starts an embedded NATS server (see NATS) and returns a
+// JetStream client on it, closed when the test ends.
+func JetStream(tb testing.TB) jetstream.JetStream {
+	tb.Helper()
+	return JetStreamAt(tb, NATS(tb).ClientURL())
+}
+
+// JetStreamAt returns a JetStream client on url, closed when the test ends.
+func JetStreamAt(tb testing.TB, url string) jetstream.JetStream {
+	tb.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		tb.Fatalf("connect to nats at %s: %v", url, err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return js
 }

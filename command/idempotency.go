@@ -119,7 +119,7 @@ func NewIdempotency(db postgres.DB, ttl time.Duration) *Idempotency {
 // result, or executes if it rolled back), and returns ErrInFlight after that.
 // It returns a *MismatchError if the key was used with another request.
 func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Duration, exec Executor) (Result, error) {
-	canonical, err := json.Marshal(req.Command)
+	canonical, err := canonicalJSON(req.Command)
 	if err != nil {
 		return Result{}, fmt.Errorf("canonical form of %s: %w", req.Scope, err)
 	}
@@ -358,6 +358,10 @@ const minKeyWait = 50 * time.Millisecond
 func lockTimeout(wait time.Duration) string {
 	return fmt.Sprintf("%dms", max(wait, minKeyWait).Milliseconds())
 }
+
+// canonicalJSON is the canonical form of a validated command: its JSON
+// encoding (struct fields in declaration order, no insignificant space).
+func canonicalJSON(cmd any) ([]byte, error) { return json.Marshal(cmd) }
 
 // fingerprint is the SHA-256 of the scope and the canonical command.
 func fingerprint(scope string, canonical []byte) []byte {

@@ -20,6 +20,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -372,4 +373,23 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-time.After(d):
 	}
+}
+
+// PublishBenchScript renders, as a pgbench script, the database side of one
+// relay batch of n rows (the claim, with its payloads, and the mark), from
+// the same SQL constants. `make bench` measures its TPS × n as the ceiling of
+// the relay's drain rate.
+func PublishBenchScript(n int) string {
+	all := "ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]::smallint[]"
+	claim := strings.ReplaceAll(strings.ReplaceAll(outboxClaimSQL, "$1", fmt.Sprint(n)), "$2", all)
+	// The mark takes the ids the claim returned; a script cannot carry them
+	// over, so it claims them again (its own locks do not skip them).
+	mark := strings.ReplaceAll(outboxMarkPublishedSQL, "$1",
+		"ARRAY(SELECT id FROM ("+strings.ReplaceAll(strings.ReplaceAll(outboxClaimSQL, "$1", fmt.Sprint(n)), "$2", all)+") AS c)")
+	var b strings.Builder
+	for _, s := range []string{"BEGIN", claim, mark, "COMMIT"} {
+		b.WriteString(strings.Join(strings.Fields(s), " "))
+		b.WriteString(";\n")
+	}
+	return b.String()
 }

@@ -1,0 +1,46 @@
+// Command bench measures the service against its physical ceiling in one
+// run (internal/bench) and prints the table; the JSON goes next to the
+// state. `make bench` runs it.
+//
+//	go run ./cmd/bench -phase 10s
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/acme/orders/internal/bench"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	phase := flag.Duration("phase", 10*time.Second, "length of each load measurement")
+	backlog := flag.Int("backlog", 100_000, "events of the drain measurements")
+	dir := flag.String("dir", ".local/bench", "state directory (wiped first)")
+	flag.Parse()
+	root, err := os.Getwd()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	rep, err := bench.Run(ctx, bench.Config{Root: root, Dir: filepath.Join(root, *dir), Phase: *phase,
+		Clients: []int{1, 16, 64}, Backlog: *backlog, Out: os.Stdout})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	rep.Print(os.Stdout)
+	file := filepath.Join(root, *dir, "results.json")
+	if err := rep.WriteJSON(file); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	fmt.Println("\nresults:", file)
+}

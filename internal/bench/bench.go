@@ -1,0 +1,511 @@
+// Package bench measures the service against its physical ceiling in one
+// run: for each workload, the same database work through pgbench on the same
+// PostgreSQL, and the service's throughput and latency as a ratio of it.
+// cmd/bench runs it; `make bench` calls that.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/outbox"
+	"github.com/acme/orders/projection"
+	"github.com/acme/orders/stream"
+)
+
+// Config is one run.
+type Config struct {
+	Root, Dir string
+	Phase     time.Duration // length of each load measurement
+	Clients   []int         // concurrency levels of create and replay
+	Backlog   int           // events of the drain measurements
+	Out       io.Writer
+}
+
+// Row is one measured line of the table.
+type Row struct {
+	Name    string  `json:"name"`
+	Clients int     `json:"clients,omitempty"`
+	Rate    float64 `json:"per_second"`
+	P50     float64 `json:"p50_ms,omitempty"`
+	P95     float64 `json:"p95_ms,omitempty"`
+	P99     float64 `json:"p99_ms,omitempty"`
+	Ceiling float64 `json:"ceiling_per_second,omitempty"`
+	Ratio   float64 `json:"ratio,omitempty"` // of the ceiling, or of what Note names
+	Target  string  `json:"target,omitempty"`
+	Met     *bool   `json:"met,omitempty"`
+	Note    string  `json:"note,omitempty"`
+}
+
+// Report is the whole run.
+type Report struct {
+	When    time.Time `json:"when"`
+	Machine string    `json:"machine"`
+	Rows    []Row     `json:"rows"`
+}
+
+const orderBody = `{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":1250}]}`
+
+type runner struct {
+	cfg   Config
+	s     *stack
+	base  string
+	rep   *Report
+	keys  atomic.Uint64 // keys minted so far
+	ids   []string      // created order ids
+	idsMu sync.Mutex
+}
+
+// Run measures everything and returns the report.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := os.RemoveAll(cfg.Dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	r := &runner{cfg: cfg, s: &stack{root: cfg.Root, dir: cfg.Dir}, rep: &Report{When: time.Now().UTC(), Machine: machine()}}
+	r.say("starting PostgreSQL (durable settings), nats-server (sync always), api (relay on), projector in %s", cfg.Dir)
+	defer r.s.down()
+	if err := r.s.up(ctx); err != nil {
+		return nil, err
+	}
+	r.base = fmt.Sprintf("http://127.0.0.1:%d", r.s.apiPort)
+
+	var maxCreate float64
+	for _, c := range cfg.Clients {
+		ceiling, err := r.pgbench(ctx, "create", command.CreateOrderBenchScript(), c)
+		if err != nil {
+			return nil, err
+		}
+		row := r.attack(ctx, "create", c, r.createTargeter())
+		row.Ceiling, row.Ratio = ceiling, row.Rate/ceiling
+		if c == slices.Max(cfg.Clients) {
+			maxCreate = row.Rate
+			row.Target = "≥ 50% of ceiling"
+			row.Met = ptr(row.Ratio >= 0.5)
+		}
+		r.add(row)
+	}
+	for _, c := range cfg.Clients {
+		row := r.attack(ctx, "replay", c, r.replayTargeter())
+		createRate := r.find("create", c).Rate
+		row.Ratio, row.Note = row.Rate/createRate, "ratio: of create at the same clients"
+		if c == slices.Max(cfg.Clients) {
+			row.Target, row.Met = "≥ 1.5 × create", ptr(row.Ratio >= 1.5)
+		}
+		r.add(row)
+	}
+	r.add(r.attack(ctx, "read", slices.Max(cfg.Clients), r.readTargeter()))
+
+	if err := r.endToEnd(ctx, maxCreate); err != nil {
+		return nil, err
+	}
+	if err := r.drain(ctx); err != nil {
+		return nil, err
+	}
+	for _, p := range []struct {
+		name string
+		cmd  *exec.Cmd
+	}{{"api", r.s.api}, {"projector", r.s.projector}} {
+		mib := peakRSS(p.cmd)
+		r.add(Row{Name: "peak RSS " + p.name + " (MiB)", Rate: mib, Target: "< 100 MiB", Met: ptr(mib < 100)})
+	}
+	return r.rep, nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (r *runner) say(format string, args ...any) {
+	fmt.Fprintf(r.cfg.Out, "bench: "+format+"\n", args...)
+}
+
+func (r *runner) add(row Row) {
+	r.rep.Rows = append(r.rep.Rows, row)
+	met := ""
+	if row.Met != nil {
+		met = map[bool]string{true: "  target met", false: "  target MISSED"}[*row.Met]
+	}
+	r.say("%-28s clients %-3d %10.0f/s  p50 %6.1fms p95 %6.1fms p99 %6.1fms  ceiling %8.0f  ratio %.2f%s",
+		row.Name, row.Clients, row.Rate, row.P50, row.P95, row.P99, row.Ceiling, row.Ratio, met)
+}
+
+func (r *runner) find(name string, clients int) Row {
+	for _, row := range r.rep.Rows {
+		if row.Name == name && row.Clients == clients {
+			return row
+		}
+	}
+	return Row{Rate: 1}
+}
+
+// pgbench runs script for Phase at the given clients against the stack's
+// database and returns its transactions per second.
+func (r *runner) pgbench(ctx context.Context, name, script string, clients int) (float64, error) {
+	file := filepath.Join(r.cfg.Dir, name+".pgbench")
+	if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
+		return 0, err
+	}
+	bin, err := pgbenchPath()
+	if err != nil {
+		return 0, err
+	}
+	out, err := exec.CommandContext(ctx, bin, "-h", "127.0.0.1", "-p", fmt.Sprint(r.s.pgPort), "-U", "postgres", "-n",
+		"-M", "prepared", "-f", file, "-c", fmt.Sprint(clients), "-j", fmt.Sprint(min(clients, 2)),
+		"-T", fmt.Sprint(int(r.cfg.Phase.Seconds())), "orders").CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("pgbench %s: %w\n%s", name, err, out)
+	}
+	m := regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`).FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("pgbench %s: no tps in\n%s", name, out)
+	}
+	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+func pgbenchPath() (string, error) {
+	if _, err := os.Stat("/usr/lib/postgresql/15/bin/pgbench"); err == nil {
+		return "/usr/lib/postgresql/15/bin/pgbench", nil
+	}
+	return exec.LookPath("pgbench")
+}
+
+func (r *runner) header(key string) http.Header {
+	h := http.Header{"Authorization": {"Bearer " + r.s.token}}
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+		h.Set("Content-Type", "application/json")
+	}
+	return h
+}
+
+func (r *runner) createTargeter() vegeta.Targeter {
+	return func(t *vegeta.Target) error {
+		t.Method, t.URL, t.Body = http.MethodPost, r.base+"/v1/orders", []byte(orderBody)
+		t.Header = r.header(fmt.Sprintf("bench-%d", r.keys.Add(1)))
+		return nil
+	}
+}
+
+func (r *runner) replayTargeter() vegeta.Targeter {
+	var i atomic.Uint64
+	return func(t *vegeta.Target) error {
+		n := r.keys.Load()
+		t.Method, t.URL, t.Body = http.MethodPost, r.base+"/v1/orders", []byte(orderBody)
+		t.Header = r.header(fmt.Sprintf("bench-%d", 1+i.Add(1)%n))
+		return nil
+	}
+}
+
+func (r *runner) readTargeter() vegeta.Targeter {
+	var i atomic.Uint64
+	return func(t *vegeta.Target) error {
+		r.idsMu.Lock()
+		id := r.ids[int(i.Add(1))%len(r.ids)]
+		r.idsMu.Unlock()
+		t.Method, t.URL, t.Header = http.MethodGet, r.base+"/v1/orders/"+id, r.header("")
+		return nil
+	}
+}
+
+// attack runs tr closed-loop with `clients` concurrent clients for Phase
+// and measures the successful requests.
+func (r *runner) attack(ctx context.Context, name string, clients int, tr vegeta.Targeter) Row {
+	a := vegeta.NewAttacker(vegeta.Workers(uint64(clients)), vegeta.MaxWorkers(uint64(clients)),
+		vegeta.Connections(clients), vegeta.KeepAlive(true), vegeta.Timeout(30*time.Second))
+	var m vegeta.Metrics
+	for res := range a.Attack(tr, vegeta.Rate{Freq: 0}, r.cfg.Phase, name) {
+		m.Add(res)
+		if name == "create" && res.Code == http.StatusCreated {
+			if loc := res.Headers.Get("Location"); loc != "" {
+				r.idsMu.Lock()
+				r.ids = append(r.ids, strings.TrimPrefix(loc, "/v1/orders/"))
+				r.idsMu.Unlock()
+			}
+		}
+	}
+	m.Close()
+	ok := float64(m.Requests) * m.Success
+	row := Row{Name: name, Clients: clients, Rate: ok / m.Duration.Seconds(),
+		P50: ms(m.Latencies.P50), P95: ms(m.Latencies.P95), P99: ms(m.Latencies.P99)}
+	if m.Success < 1 {
+		row.Note = fmt.Sprintf("%.2f%% failed: %v", 100*(1-m.Success), m.Errors)
+	}
+	return row
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// endToEnd creates orders at a fixed rate and measures, for each 201, the
+// time until the order reads back from the read model (GET ?min_version=1,
+// which the projector's NOTIFY wakes). It does so at 25% of the maximal
+// create rate, then climbs to find the highest rate with p99 under 1 s.
+func (r *runner) endToEnd(ctx context.Context, maxCreate float64) error {
+	measure := func(rate float64) (p50, p95, p99 float64, achieved float64) {
+		a := vegeta.NewAttacker(vegeta.Workers(64), vegeta.MaxWorkers(1024), vegeta.KeepAlive(true), vegeta.Timeout(30*time.Second))
+		var mu sync.Mutex
+		var lat []time.Duration
+		var wg sync.WaitGroup
+		client := &http.Client{Timeout: 20 * time.Second}
+		start := time.Now()
+		created := 0
+		for res := range a.Attack(r.createTargeter(), vegeta.ConstantPacer{Freq: int(rate), Per: time.Second}, r.cfg.Phase, "e2e") {
+			if res.Code != http.StatusCreated {
+				continue
+			}
+			created++
+			got := res.Timestamp.Add(res.Latency)
+			loc := res.Headers.Get("Location")
+			wg.Go(func() {
+				req, _ := http.NewRequest(http.MethodGet, r.base+loc+"?min_version=1", nil)
+				req.Header = r.header("")
+				req.Header.Set("Prefer", "wait=10")
+				resp, err := client.Do(req)
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					mu.Lock()
+					lat = append(lat, time.Since(got))
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		achieved = float64(created) / time.Since(start).Seconds()
+		slices.Sort(lat)
+		q := func(p float64) float64 {
+			if len(lat) == 0 {
+				return 0
+			}
+			return ms(lat[min(len(lat)-1, int(p*float64(len(lat))))])
+		}
+		return q(0.50), q(0.95), q(0.99), achieved
+	}
+
+	rate := 0.25 * maxCreate
+	p50, p95, p99, got := measure(rate)
+	r.add(Row{Name: "end to end (25% of max)", Rate: got, P50: p50, P95: p95, P99: p99,
+		Note: "create → visible on the query side", Target: "p99 < 50 ms", Met: ptr(p99 < 50)})
+
+	best := 0.0
+	for _, f := range []float64{0.35, 0.5, 0.7, 0.85, 1.0} {
+		_, _, p99, got := measure(f * maxCreate)
+		r.say("  end to end at %.0f%% of max create (%.0f/s offered, %.0f/s achieved): p99 %.1f ms", 100*f, f*maxCreate, got, p99)
+		if p99 >= 1000 {
+			break
+		}
+		best = got
+	}
+	ceiling := r.find("create", slices.Max(r.cfg.Clients)).Ceiling
+	r.add(Row{Name: "sustained rate, p99 < 1 s", Rate: best, Ceiling: ceiling, Ratio: best / ceiling,
+		Target: "≥ 35% of ceiling", Met: ptr(best/ceiling >= 0.35)})
+	return nil
+}
+
+// drain measures how fast a backlog goes: the relay publishes Backlog
+// outbox rows (the projector stopped), then each projection applies them.
+func (r *runner) drain(ctx context.Context) error {
+	n := r.cfg.Backlog
+	r.say("drain: stopping api and projector, preloading %d outbox events", n)
+	stopProcess(r.s.api)
+	stopProcess(r.s.projector)
+	conn, err := pgx.Connect(ctx, r.s.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, preloadSQL, n); err != nil {
+		return fmt.Errorf("preload outbox: %w", err)
+	}
+
+	// Relay ceiling: its batch's database work, on this backlog; then put
+	// the backlog back.
+	const relayBatch = 500
+	tps, err := r.pgbench(ctx, "relay", outbox.PublishBenchScript(relayBatch), 1)
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, `UPDATE outbox SET published_at = NULL WHERE tenant_id = 'bench-drain'`); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+		return err
+	}
+	if err := r.s.startAPI(); err != nil {
+		return err
+	}
+	// Timed from the first published row to the last, so the process's
+	// start-up is not counted.
+	var first time.Time
+	var firstLeft int
+	began := time.Now()
+	for {
+		var left int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&left); err != nil {
+			return err
+		}
+		if first.IsZero() && left < n {
+			first, firstLeft = time.Now(), left
+		}
+		if left == 0 {
+			break
+		}
+		if time.Since(began) > 10*time.Minute {
+			return fmt.Errorf("relay drain: %d left after 10 min", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rate := float64(firstLeft) / time.Since(first).Seconds()
+	r.add(Row{Name: "relay drain", Rate: rate, Ceiling: tps * relayBatch, Ratio: rate / (tps * relayBatch),
+		Target: "≥ 20,000 events/s", Met: ptr(rate >= 20000)})
+
+	// Projector ceilings, then the drain of every projection at once.
+	ceilings := map[string]float64{}
+	for _, name := range []string{"order_views", "customer_summaries", "daily_sales"} {
+		script, err := projection.ApplyBenchScript(name, 100)
+		if err != nil {
+			return err
+		}
+		tps, err := r.pgbench(ctx, "apply-"+name, script, 1)
+		if err != nil {
+			return err
+		}
+		ceilings[name] = tps * 100
+	}
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", r.s.natsPort))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if err := r.s.startProjector(); err != nil {
+		return err
+	}
+	// Each projection is timed from its first applied event to its last.
+	began = time.Now()
+	done, started := map[string]time.Duration{}, map[string]time.Time{}
+	for len(done) < 3 {
+		for name := range ceilings {
+			if _, ok := done[name]; ok {
+				continue
+			}
+			if _, ok := started[name]; !ok {
+				var applied int
+				if err := conn.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE projection = $1 AND tenant_id = 'bench-drain'`, name).Scan(&applied); err == nil && applied > 0 {
+					started[name] = time.Now()
+				}
+				continue
+			}
+			c, err := js.Consumer(ctx, stream.Name, name)
+			if err != nil {
+				continue
+			}
+			info, err := c.Info(ctx)
+			if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
+				done[name] = time.Since(started[name])
+			}
+		}
+		if time.Since(began) > 15*time.Minute {
+			return fmt.Errorf("projector drain not done after 15 min")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, name := range []string{"order_views", "customer_summaries", "daily_sales"} {
+		rate := float64(n) / done[name].Seconds()
+		r.add(Row{Name: "projector drain " + name, Rate: rate, Ceiling: ceilings[name], Ratio: rate / ceilings[name],
+			Note:   "all three projections drain at once, in one process",
+			Target: "≥ 10,000/s and ≥ 60% of ceiling", Met: ptr(rate >= 10000 && rate/ceilings[name] >= 0.6)})
+	}
+	return nil
+}
+
+// preloadSQL writes $1 order.created events of new orders to the outbox.
+const preloadSQL = `
+INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_version, event_type, payload, published_at)
+SELECT e, 'bench-drain', o, 1, 'order.created', jsonb_build_object(
+    'id', e, 'type', 'order.created', 'schema_version', 1, 'tenant_id', 'bench-drain', 'aggregate_id', o,
+    'aggregate_version', 1, 'occurred_at', now(),
+    'data', jsonb_build_object('customer_id', 'c-' || (g % 1000), 'status', 'pending', 'currency', 'EUR',
+        'items', jsonb_build_array(jsonb_build_object('sku', 's', 'quantity', 1, 'unit_price', 100, 'line_total', 100)),
+        'total', 100, 'created_at', now())), NULL
+FROM (SELECT g, gen_random_uuid() AS e, gen_random_uuid() AS o FROM generate_series(1, $1) AS g) AS x`
+
+func machine() string {
+	cpus := 0
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		cpus = strings.Count(string(b), "processor\t:")
+	}
+	model := ""
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		if m := regexp.MustCompile(`model name\s*:\s*(.*)`).FindSubmatch(b); m != nil {
+			model = string(m[1])
+		}
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		if m := regexp.MustCompile(`MemTotal:\s*(\d+) kB`).FindSubmatch(b); m != nil {
+			kb, _ := strconv.Atoi(string(m[1]))
+			mem = fmt.Sprintf("%.0f GiB", float64(kb)/1024/1024)
+		}
+	}
+	return fmt.Sprintf("%d cores (%s), %s", cpus, model, mem)
+}
+
+// Print writes the table.
+func (rep *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "\n%s, %s\n\n", rep.When.Format(time.RFC3339), rep.Machine)
+	fmt.Fprintf(w, "| measurement | clients | per second | p50 ms | p95 ms | p99 ms | ceiling/s | ratio | target | met |\n")
+	fmt.Fprintf(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
+	for _, r := range rep.Rows {
+		met := ""
+		if r.Met != nil {
+			met = map[bool]string{true: "yes", false: "**no**"}[*r.Met]
+		}
+		opt := func(v float64, f string) string {
+			if v == 0 {
+				return ""
+			}
+			return fmt.Sprintf(f, v)
+		}
+		clients := ""
+		if r.Clients > 0 {
+			clients = fmt.Sprint(r.Clients)
+		}
+		fmt.Fprintf(w, "| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", r.Name, clients, r.Rate,
+			opt(r.P50, "%.1f"), opt(r.P95, "%.1f"), opt(r.P99, "%.1f"), opt(r.Ceiling, "%.0f"), opt(r.Ratio, "%.2f"), r.Target, met)
+	}
+}
+
+// WriteJSON writes the report to file.
+func (rep *Report) WriteJSON(file string) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o644)
+}

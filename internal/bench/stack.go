@@ -1,0 +1,171 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// stack is PostgreSQL, nats-server, one api (relay on) and one projector,
+// each a separate process, with state under dir.
+type stack struct {
+	root, dir          string
+	pgPort, natsPort   int
+	apiPort, projPort  int
+	api, projector     *exec.Cmd
+	databaseURL, token string
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (s *stack) sh(ctx context.Context, name string, args ...string) error {
+	f, err := os.OpenFile(filepath.Join(s.dir, "scripts.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = s.root, f, f
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w (see %s/scripts.log)", name, strings.Join(args, " "), err, s.dir)
+	}
+	return nil
+}
+
+func (s *stack) up(ctx context.Context) error {
+	for _, c := range []string{"api", "projector"} {
+		if err := s.sh(ctx, "go", "build", "-o", filepath.Join(s.dir, "bin", c), "./cmd/"+c); err != nil {
+			return err
+		}
+	}
+	s.pgPort, s.natsPort, s.apiPort, s.projPort = freePort(), freePort(), freePort(), freePort()
+	// PostgreSQL with its durable defaults: the numbers are those of a real
+	// deployment's commit path.
+	if err := s.sh(ctx, "scripts/pg.sh", "start", filepath.Join(s.dir, "pg"), fmt.Sprint(s.pgPort)); err != nil {
+		return err
+	}
+	if err := s.sh(ctx, "scripts/nats.sh", "start", filepath.Join(s.dir, "nats"), fmt.Sprint(s.natsPort)); err != nil {
+		return err
+	}
+	s.databaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/orders?sslmode=disable", s.pgPort)
+	if err := s.startAPI(); err != nil {
+		return err
+	}
+	if err := s.startProjector(); err != nil {
+		return err
+	}
+	if err := waitReady(ctx, s.apiPort); err != nil {
+		return err
+	}
+	if err := waitReady(ctx, s.projPort); err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(s.dir, "bin", "api"), "token", "create", "-tenant", "bench", "-database-url", s.databaseURL).Output()
+	if err != nil {
+		return fmt.Errorf("create token: %w", err)
+	}
+	s.token = strings.TrimSpace(string(out))
+	return nil
+}
+
+func (s *stack) env() []string {
+	return append(os.Environ(), "DATABASE_URL="+s.databaseURL, fmt.Sprintf("NATS_URL=nats://127.0.0.1:%d", s.natsPort),
+		"LOG_FORMAT=json", "LOG_LEVEL=warn")
+}
+
+func (s *stack) startProcess(bin string, env ...string) (*exec.Cmd, error) {
+	f, err := os.OpenFile(filepath.Join(s.dir, bin+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(s.dir, "bin", bin))
+	cmd.Env = append(s.env(), env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd, cmd.Start()
+}
+
+func (s *stack) startAPI() (err error) {
+	s.api, err = s.startProcess("api", fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", s.apiPort))
+	return err
+}
+
+func (s *stack) startProjector() (err error) {
+	s.projector, err = s.startProcess("projector", fmt.Sprintf("PROJECTOR_HTTP_ADDR=127.0.0.1:%d", s.projPort))
+	return err
+}
+
+// stopProcess ends cmd gracefully and waits for it.
+func stopProcess(cmd *exec.Cmd) {
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// peakRSS is the high-water mark of a process's resident memory, in MiB.
+func peakRSS(cmd *exec.Cmd) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			var kb float64
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(line, "VmHWM:"), "kB")), &kb)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func waitReady(ctx context.Context, port int) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		res, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("port %d not ready within 60s", port)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (s *stack) down() {
+	stopProcess(s.api)
+	stopProcess(s.projector)
+	ctx := context.Background()
+	_ = s.sh(ctx, "scripts/nats.sh", "stop", filepath.Join(s.dir, "nats"))
+	_ = s.sh(ctx, "scripts/pg.sh", "stop", filepath.Join(s.dir, "pg"))
+}

@@ -29,13 +29,13 @@ trap 'exit 130' INT; trap 'exit 143' TERM; \
 export TEST_DATABASE_URL='$(TEST_DB_URL)'; $(1)
 endef
 
-.PHONY: help run test test/race fuzz e2e http migrate lint bench clean cluster cluster/stop cluster-test faults faults-short
+.PHONY: help run test test/race fuzz e2e http migrate lint bench bench/micro clean cluster cluster/stop cluster-test faults faults-short
 
 help: ## Show this help
 	@echo "Usage: make <target>"
 	@echo
 	@grep -hE '^[a-zA-Z0-9_/-]+:.*## ' $(MAKEFILE_LIST) | \
-		awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 run: ## Run PostgreSQL, NATS, api (:8080) and projector (:8081) in the foreground; Ctrl-C stops all
 	@scripts/stack.sh run
@@ -105,8 +105,15 @@ lint: ## gofmt check, go vet (and staticcheck if available as a go tool)
 		echo "lint: staticcheck not declared as a go tool (go get -tool honnef.co/go/tools/cmd/staticcheck); skipped"; \
 	fi
 
-bench: ## Run benchmarks (no tests) against a throwaway PostgreSQL
-	@$(call with_test_pg,go test -run '^$$' -bench . -benchmem ./...)
+bench: ## Measure the pipeline against its pgbench ceiling in one run (own PostgreSQL and NATS); table + JSON
+	@go run ./cmd/bench -phase $${PHASE:-10s}
+
+bench/micro: ## Micro-benchmarks of the hot paths, 6 runs each, compared with the previous run by benchstat
+	@mkdir -p .local/bench
+	@if [ -f .local/bench/micro.txt ]; then mv .local/bench/micro.txt .local/bench/micro-old.txt; fi
+	@$(call with_test_pg,go test -run '^$$' -bench . -benchmem -count 6 ./command ./domain ./projection | tee .local/bench/micro.txt)
+	@if [ -f .local/bench/micro-old.txt ]; then go tool benchstat .local/bench/micro-old.txt .local/bench/micro.txt; \
+	else go tool benchstat .local/bench/micro.txt; fi
 
 clean: ## Stop all servers under .local and remove .local
 	@if [ -d .local ]; then \

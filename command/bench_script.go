@@ -28,9 +28,8 @@ func CreateOrderBenchScript() string {
 		bind(keyLockTimeout, `'5000ms'`),
 		bind(keyInsert, tenant, scope, key, `sha256(:n::text::bytea)`, "1", request, "86400"),
 		keyLockTimeoutReset,
-		bind(orderInsertSQL, tenant, orderID, `'c-1'`, `'pending'`, `'EUR'`, "2500", "1", key, "now()", "now()"),
-		bind(orderItemsInsertSQL, tenant, orderID, "ARRAY[1]", "ARRAY['sku-1']", "ARRAY[2]", "ARRAY[1250]", "ARRAY[2500]"),
-		bind(outboxInsertSQL, eventID, tenant, orderID, "1", `'order.created'`, envelope),
+		bind(orderCreateSQL, tenant, orderID, `'c-1'`, `'pending'`, `'EUR'`, "2500", "1", key, "now()",
+			"ARRAY[1]", "ARRAY['sku-1']", "ARRAY[2]", "ARRAY[1250]", "ARRAY[2500]", eventID, `'order.created'`, envelope),
 		bind(keyComplete, tenant, scope, key, "201", `'{"Content-Type":"application/json","ETag":"\"1\""}'`, body),
 		"COMMIT",
 	}

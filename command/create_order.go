@@ -2,7 +2,6 @@ package command
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -41,7 +40,11 @@ func (h CreateOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd CreateOrd
 	if err != nil {
 		return domain.Order{}, err
 	}
-	existing, err := orderInsert(ctx, tx, order, cmd.Key)
+	env, err := domain.NewEnvelope(newID(), order, created, order.CreatedAt)
+	if err != nil {
+		return domain.Order{}, err
+	}
+	existing, err := orderCreate(ctx, tx, order, cmd.Key, env)
 	if err != nil {
 		return domain.Order{}, err
 	}
@@ -51,9 +54,6 @@ func (h CreateOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd CreateOrd
 			Message:    "an order was already created with this Idempotency-Key; its key record has expired",
 			ResourceID: existing.String(),
 		}
-	}
-	if err := outboxAppend(ctx, tx, order, created); err != nil {
-		return domain.Order{}, fmt.Errorf("create order: %w", err)
 	}
 	return order, nil
 }

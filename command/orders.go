@@ -12,18 +12,27 @@ import (
 )
 
 const (
-	orderInsertSQL = `
-INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-ON CONFLICT (tenant_id, creating_key) DO NOTHING`
+	// orderCreateSQL writes a new order, its items and its first event in
+	// one statement (one round trip). If the key already created an order
+	// (its key row had expired), it writes nothing and returns 0.
+	orderCreateSQL = `
+WITH o AS (
+    INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+    ON CONFLICT (tenant_id, creating_key) DO NOTHING
+    RETURNING tenant_id, id
+), items AS (
+    INSERT INTO order_items (tenant_id, order_id, line_no, sku, quantity, unit_price, line_total)
+    SELECT o.tenant_id, o.id, i.line_no, i.sku, i.quantity, i.unit_price, i.line_total
+    FROM o, unnest($10::int[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[])
+         AS i(line_no, sku, quantity, unit_price, line_total)
+), event AS (
+    INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_version, event_type, payload)
+    SELECT $15, o.tenant_id, o.id, $7, $16, $17 FROM o
+)
+SELECT count(*) FROM o`
 
 	orderGetIDByKeySQL = `SELECT id FROM orders WHERE tenant_id = $1 AND creating_key = $2`
-
-	orderItemsInsertSQL = `
-INSERT INTO order_items (tenant_id, order_id, line_no, sku, quantity, unit_price, line_total)
-SELECT $1, $2, line_no, sku, quantity, unit_price, line_total
-FROM unnest($3::int[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[])
-     AS i(line_no, sku, quantity, unit_price, line_total)`
 
 	orderGetForUpdateSQL = `
 SELECT o.id, o.tenant_id, o.customer_id, o.status, o.currency, o.total, o.version, o.created_at, o.updated_at,
@@ -42,19 +51,10 @@ SET status = $3, version = $4, updated_at = $5, paid_at = $6, shipped_at = $7, c
 WHERE tenant_id = $1 AND id = $2 AND version = $4 - 1`
 )
 
-// orderInsert writes a new order and its items. If an order created with the
-// same key exists, it writes nothing and returns that order's id.
-func orderInsert(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey string) (existing uuid.UUID, err error) {
-	tag, err := tx.Exec(ctx, orderInsertSQL, o.TenantID, o.ID, o.CustomerID, o.Status, o.Currency, o.Total, o.Version, creatingKey, o.CreatedAt, o.UpdatedAt)
-	if err != nil {
-		return uuid.Nil, fmt.Errorf("insert order: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		if err := tx.QueryRow(ctx, orderGetIDByKeySQL, o.TenantID, creatingKey).Scan(&existing); err != nil {
-			return uuid.Nil, fmt.Errorf("find order created by key: %w", err)
-		}
-		return existing, nil
-	}
+// orderCreate writes a new order, its items and its created event env. If
+// an order created with the same key exists, it writes nothing and returns
+// that order's id.
+func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey string, env domain.Envelope) (existing uuid.UUID, err error) {
 	n := len(o.Items)
 	lineNos, skus := make([]int32, n), make([]string, n)
 	quantities, prices, totals := make([]int64, n), make([]int64, n), make([]int64, n)
@@ -62,10 +62,18 @@ func orderInsert(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey str
 		lineNos[i], skus[i] = int32(i+1), it.SKU
 		quantities[i], prices[i], totals[i] = it.Quantity, it.UnitPrice, it.LineTotal
 	}
-	if _, err := tx.Exec(ctx, orderItemsInsertSQL, o.TenantID, o.ID, lineNos, skus, quantities, prices, totals); err != nil {
-		return uuid.Nil, fmt.Errorf("insert order items: %w", err)
+	var created int
+	if err := tx.QueryRow(ctx, orderCreateSQL, o.TenantID, o.ID, o.CustomerID, o.Status, o.Currency, o.Total, o.Version,
+		creatingKey, o.CreatedAt, lineNos, skus, quantities, prices, totals, env.ID, env.Type, env).Scan(&created); err != nil {
+		return uuid.Nil, fmt.Errorf("insert order: %w", err)
 	}
-	return uuid.Nil, nil
+	if created == 1 {
+		return uuid.Nil, nil
+	}
+	if err := tx.QueryRow(ctx, orderGetIDByKeySQL, o.TenantID, creatingKey).Scan(&existing); err != nil {
+		return uuid.Nil, fmt.Errorf("find order created by key: %w", err)
+	}
+	return existing, nil
 }
 
 // orderGetForUpdate loads an order with its items and locks its row until tx

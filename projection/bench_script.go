@@ -26,10 +26,9 @@ func ApplyBenchScript(name string, n int) (string, error) {
 	}
 	switch name {
 	case "order_views":
-		for i := 1; i <= n; i++ {
-			statements = append(statements, bind(orderViewInsertSQL, "'bench'", fmt.Sprintf(`md5('o' || :n || '-%d')::uuid`, i),
-				"'c-1'", "'pending'", "'EUR'", `'[{"sku":"s","quantity":1,"unit_price":100,"line_total":100}]'::jsonb`, "100", "1", "now()"))
-		}
+		statements = append(statements, bind(orderViewInsertSQL, tenants, aggs, arr("'c-1'", "text"), arr("'pending'", "text"),
+			arr("'EUR'", "text"), arr(`'[{"sku":"s","quantity":1,"unit_price":100,"line_total":100}]'`, "jsonb"), arr("100", "bigint"),
+			ones, arr("now()", "timestamptz")))
 	case "customer_summaries":
 		statements = append(statements, bind(customerSummariesUpsertSQL, arr("'bench'", "text"), arr("'c-' || (:n::bigint % 1000) || '-' || g", "text"),
 			arr("'EUR'", "text"), ones, arr("0", "bigint"), arr("0", "bigint"), arr("0", "bigint"), arr("0", "bigint"), arr("0", "bigint"),

@@ -3,7 +3,9 @@ package projection
 import (
 	"context"
 	"fmt"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -23,9 +25,12 @@ func (OrderViews) Name() string { return "order_views" }
 func (OrderViews) Tables() []string { return []string{"order_views"} }
 
 const (
+	// orderViewInsertSQL inserts the views of new orders, many in one go.
 	orderViewInsertSQL = `
 INSERT INTO order_views (tenant_id, order_id, customer_id, status, currency, items, total, version, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+SELECT tenant_id, order_id, customer_id, status, currency, items, total, version, created_at, created_at
+FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::jsonb[], $7::bigint[], $8::bigint[], $9::timestamptz[])
+     AS v(tenant_id, order_id, customer_id, status, currency, items, total, version, created_at)
 ON CONFLICT (tenant_id, order_id) DO NOTHING`
 
 	orderViewPaidSQL = `
@@ -49,9 +54,20 @@ WHERE tenant_id = $1 AND order_id = $2`
 UPDATE order_views SET version = $3, updated_at = $4 WHERE tenant_id = $1 AND order_id = $2`
 )
 
-// Apply implements Projection: one statement per event, sent as one batch.
+// Apply implements Projection: the new orders in one insert, then one
+// statement per later event, all sent as one batch (so one round trip). An
+// order's created event precedes its other events, so inserting every new
+// view first keeps each order's events in order.
 func (OrderViews) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope) error {
 	b := &pgx.Batch{}
+	var created struct {
+		tenants, customers, statuses, currencies []string
+		ids                                      []uuid.UUID
+		items                                    [][]domain.Item
+		totals, versions                         []int64
+		at                                       []time.Time
+	}
+	var updates []func()
 	for _, env := range events {
 		t, id, v := env.TenantID, env.AggregateID, env.AggregateVersion
 		switch env.Type {
@@ -60,35 +76,44 @@ func (OrderViews) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope
 			if err != nil {
 				return err
 			}
-			b.Queue(orderViewInsertSQL, t, id, e.CustomerID, e.Status, e.Currency, e.Items, e.Total, v, e.CreatedAt)
+			c := &created
+			c.tenants, c.ids, c.customers = append(c.tenants, t), append(c.ids, id), append(c.customers, e.CustomerID)
+			c.statuses, c.currencies, c.items = append(c.statuses, string(e.Status)), append(c.currencies, e.Currency), append(c.items, e.Items)
+			c.totals, c.versions, c.at = append(c.totals, e.Total), append(c.versions, v), append(c.at, e.CreatedAt)
 			continue // a view that exists already (an earlier life of it) stays
 		case domain.TypeOrderPaid:
 			e, err := decodeData[domain.OrderPaid](env)
 			if err != nil {
 				return err
 			}
-			queueOne(b, env, orderViewPaidSQL, t, id, e.Status, e.At, v)
+			updates = append(updates, func() { queueOne(b, env, orderViewPaidSQL, t, id, e.Status, e.At, v) })
 		case domain.TypeOrderShipped:
 			e, err := decodeData[domain.OrderShipped](env)
 			if err != nil {
 				return err
 			}
-			queueOne(b, env, orderViewShippedSQL, t, id, e.Status, e.At, v)
+			updates = append(updates, func() { queueOne(b, env, orderViewShippedSQL, t, id, e.Status, e.At, v) })
 		case domain.TypeOrderCancelled:
 			e, err := decodeData[domain.OrderCancelled](env)
 			if err != nil {
 				return err
 			}
-			queueOne(b, env, orderViewCancelledSQL, t, id, e.Status, e.At, v, e.Reason)
+			updates = append(updates, func() { queueOne(b, env, orderViewCancelledSQL, t, id, e.Status, e.At, v, e.Reason) })
 		case domain.TypeOrderUpdated:
 			e, err := decodeData[domain.OrderUpdated](env)
 			if err != nil {
 				return err
 			}
-			queueOne(b, env, orderViewUpdatedSQL, t, id, e.ShippingAddress, e.Note, v, e.At)
+			updates = append(updates, func() { queueOne(b, env, orderViewUpdatedSQL, t, id, e.ShippingAddress, e.Note, v, e.At) })
 		default:
-			queueOne(b, env, orderViewBumpSQL, t, id, v, env.OccurredAt)
+			updates = append(updates, func() { queueOne(b, env, orderViewBumpSQL, t, id, v, env.OccurredAt) })
 		}
+	}
+	if c := created; len(c.ids) > 0 {
+		b.Queue(orderViewInsertSQL, c.tenants, c.ids, c.customers, c.statuses, c.currencies, c.items, c.totals, c.versions, c.at)
+	}
+	for _, queue := range updates {
+		queue()
 	}
 	return tx.SendBatch(ctx, b).Close()
 }

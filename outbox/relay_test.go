@@ -142,16 +142,12 @@ func TestStandbyRelayTakesOver(t *testing.T) {
 	<-done
 
 	createOrders(t, db, 10, "b")
-	deadline := time.Now().Add(10 * time.Second)
-	for unpublished(t, db) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the standby did not take over within 10s")
-		}
+	testenv.Eventually(t, 10*time.Second, "the standby took over and published", func() bool {
 		if _, err := second.RelayBatch(ctx); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return unpublished(t, db) == 0
+	})
 	if second.Stats().Partitions != outbox.Partitions || second.Stats().Published != 10 {
 		t.Fatalf("standby stats %+v: want all partitions and the 10 new events", second.Stats())
 	}
@@ -226,14 +222,10 @@ func TestRepublishBeyondTheDuplicateWindowIsAbsorbedByTheInbox(t *testing.T) {
 		go func() { _ = r.Run(rctx); close(done) }()
 		t.Cleanup(func() { cancel(); <-done })
 	}
-	deadline := time.Now().Add(20 * time.Second)
 	for _, r := range runners {
-		for r.Stats().Applied+r.Stats().Duplicates < 40 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %+v after 20s", r.Name(), r.Stats())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testenv.Eventually(t, 20*time.Second, r.Name()+" settled all 40 messages", func() bool {
+			return r.Stats().Applied+r.Stats().Duplicates >= 40
+		})
 		if s := r.Stats(); s.Applied != 20 || s.Duplicates != 20 {
 			t.Fatalf("%s: %+v; want 20 applied, 20 duplicates skipped", r.Name(), s)
 		}

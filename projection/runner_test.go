@@ -49,16 +49,10 @@ func (f fixture) run(t *testing.T) {
 	})
 }
 
-// eventually polls cond every 20ms until it holds or 10s pass.
+// eventually polls cond until it holds or 10s pass.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, what, cond)
 }
 
 func createdEvent(t *testing.T, orderID uuid.UUID) domain.Envelope {

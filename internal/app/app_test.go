@@ -164,23 +164,20 @@ func TestEndToEnd(t *testing.T) {
 	location := created.header.Get("Location")
 
 	// The projector makes the order visible through the query side.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := call(t, http.MethodGet, api+location, token, "", "")
-		if got.status == http.StatusOK {
-			t.Logf("create → visible in %s", time.Since(createdAt).Round(time.Millisecond))
-			if got.body != created.body {
-				t.Fatalf("view differs from the created order:\n created %s\n view    %s", created.body, got.body)
-			}
-			if got.header.Get("ETag") != `"1"` {
-				t.Fatalf("view ETag = %q", got.header.Get("ETag"))
-			}
-			return
-		}
-		if got.status != http.StatusNotFound || time.Now().After(deadline) {
+	var got reply
+	testenv.Eventually(t, 10*time.Second, "the order is visible on the query side", func() bool {
+		got = call(t, http.MethodGet, api+location, token, "", "")
+		if got.status != http.StatusOK && got.status != http.StatusNotFound {
 			t.Fatalf("GET %s: status %d", location, got.status)
 		}
-		time.Sleep(10 * time.Millisecond)
+		return got.status == http.StatusOK
+	})
+	t.Logf("create → visible in %s", time.Since(createdAt).Round(time.Millisecond))
+	if got.body != created.body {
+		t.Fatalf("view differs from the created order:\n created %s\n view    %s", created.body, got.body)
+	}
+	if got.header.Get("ETag") != `"1"` {
+		t.Fatalf("view ETag = %q", got.header.Get("ETag"))
 	}
 }
 
@@ -245,13 +242,9 @@ func TestExpiredKeyRetryPointsAtTheExistingOrder(t *testing.T) {
 	if first.status != http.StatusCreated {
 		t.Fatalf("POST: %d %s", first.status, first.body)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for countRows(t, env, `SELECT count(*) FROM idempotency_keys WHERE key = 'late-1'`) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the janitor did not delete the expired key within 10s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the janitor deleted the expired key", func() bool {
+		return countRows(t, env, `SELECT count(*) FROM idempotency_keys WHERE key = 'late-1'`) == 0
+	})
 
 	late := call(t, http.MethodPost, api+"/v1/orders", token, "late-1", orderBody("c-1"))
 	if late.status != http.StatusConflict || late.header.Get("Location") != first.header.Get("Location") {
@@ -311,16 +304,13 @@ func TestReadYourWrites(t *testing.T) {
 		t.Fatalf("summary ?min_position: %d %s", summary.status, summary.body)
 	}
 	// The report has no read-your-writes parameter: it catches up shortly.
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	testenv.Eventually(t, 10*time.Second, "daily sales show the payment", func() bool {
 		sales := call(t, http.MethodGet, api+"/v1/reports/daily-sales?currency=EUR", token, "", "")
-		if sales.status == 200 && strings.Contains(sales.body, `"orders":1,"paid_amount":3998`) {
-			break
-		}
-		if sales.status != 200 || time.Now().After(deadline) {
+		if sales.status != 200 {
 			t.Fatalf("daily sales: %d %s", sales.status, sales.body)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strings.Contains(sales.body, `"orders":1,"paid_amount":3998`)
+	})
 
 	// A version the view will not reach: 412 view-behind after the wait.
 	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/v1/orders/%s?min_version=9", api, o.ID), nil)

@@ -119,9 +119,8 @@ func waitIdle(t *testing.T, env map[string]string) {
 	t.Helper()
 	ctx := context.Background()
 	js := testenv.JetStreamAt(t, env["NATS_URL"])
-	deadline := time.Now().Add(60 * time.Second)
 	for _, name := range invariant.Projections {
-		for {
+		testenv.Eventually(t, 60*time.Second, "consumer "+name+" is idle", func() bool {
 			c, err := js.Consumer(ctx, stream.Name, name)
 			if err != nil {
 				t.Fatal(err)
@@ -130,14 +129,8 @@ func waitIdle(t *testing.T, env map[string]string) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if info.NumPending == 0 && info.NumAckPending == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("consumer %s still busy: %d pending, %d awaiting ack", name, info.NumPending, info.NumAckPending)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return info.NumPending == 0 && info.NumAckPending == 0
+		})
 	}
 }
 

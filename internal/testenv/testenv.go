@@ -279,3 +279,17 @@ func JetStreamAt(tb testing.TB, url string) jetstream.JetStream {
 	}
 	return js
 }
+
+// Eventually polls cond every 20 ms until it holds, and fails the test
+// with what if it does not within the given time. Tests wait for conditions
+// this way, never for fixed times.
+func Eventually(tb testing.TB, within time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %s waiting until %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -34,7 +34,7 @@ func ApplyBenchScript(name string, n int) (string, error) {
 			arr("'EUR'", "text"), ones, arr("0", "bigint"), arr("0", "bigint"), arr("0", "bigint"), arr("0", "bigint"), arr("0", "bigint"),
 			arr("now()", "timestamptz")))
 	case "daily_sales":
-		statements = append(statements, bind(dailySalesUpsertSQL, arr("'bench'", "text"), arr("current_date - (g % 30)", "date"),
+		statements = append(statements, bind(dailySalesUpsertSQL, arr("'bench'", "text"), arr("current_date - g", "date"),
 			arr("'EUR'", "text"), ones, arr("0", "bigint"), arr("0", "bigint")))
 	default:
 		return "", fmt.Errorf("no projection %q", name)

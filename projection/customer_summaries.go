@@ -2,8 +2,6 @@ package projection
 
 import (
 	"cmp"
-	"context"
-	"fmt"
 	"slices"
 	"time"
 
@@ -48,10 +46,10 @@ ON CONFLICT (tenant_id, customer_id, currency) DO UPDATE SET
     total_refunded   = s.total_refunded + EXCLUDED.total_refunded,
     last_order_at    = GREATEST(s.last_order_at, EXCLUDED.last_order_at)`
 
-// Apply implements Projection: it sums the batch's deltas per summary row and
+// Queue implements Projection: it sums the batch's deltas per summary row and
 // writes them in one statement, rows in key order (so concurrent workers
 // lock shared rows in the same order and cannot deadlock).
-func (CustomerSummaries) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope) error {
+func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
 	deltas := map[summaryKey]*summaryDelta{}
 	delta := func(tenant, customer, currency string) *summaryDelta {
 		k := summaryKey{tenant, customer, currency}
@@ -124,9 +122,7 @@ func (CustomerSummaries) Apply(ctx context.Context, tx pgx.Tx, events []domain.E
 		totalPaid, totalRefunded = append(totalPaid, d.paid), append(totalRefunded, d.refunded)
 		last = append(last, d.lastOrderAt)
 	}
-	if _, err := tx.Exec(ctx, customerSummariesUpsertSQL, tenants, customers, currencies,
-		pending, paid, shipped, cancelled, totalPaid, totalRefunded, last); err != nil {
-		return fmt.Errorf("upsert customer summaries: %w", err)
-	}
+	b.Queue(customerSummariesUpsertSQL, tenants, customers, currencies,
+		pending, paid, shipped, cancelled, totalPaid, totalRefunded, last)
 	return nil
 }

@@ -2,8 +2,6 @@ package projection
 
 import (
 	"cmp"
-	"context"
-	"fmt"
 	"slices"
 	"time"
 
@@ -47,9 +45,9 @@ func Day(t time.Time) time.Time {
 	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
 }
 
-// Apply implements Projection: the batch's deltas per row, written in one
+// Queue implements Projection: the batch's deltas per row, written in one
 // statement in key order.
-func (DailySales) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope) error {
+func (DailySales) Queue(b *pgx.Batch, events []domain.Envelope) error {
 	deltas := map[salesKey]*salesDelta{}
 	delta := func(tenant string, at time.Time, currency string) *salesDelta {
 		k := salesKey{tenant, Day(at), currency}
@@ -100,8 +98,6 @@ func (DailySales) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope
 		tenants, days, currencies = append(tenants, k.tenant), append(days, k.day), append(currencies, k.currency)
 		orders, paid, refunded = append(orders, d.orders), append(paid, d.paid), append(refunded, d.refunded)
 	}
-	if _, err := tx.Exec(ctx, dailySalesUpsertSQL, tenants, days, currencies, orders, paid, refunded); err != nil {
-		return fmt.Errorf("upsert daily sales: %w", err)
-	}
+	b.Queue(dailySalesUpsertSQL, tenants, days, currencies, orders, paid, refunded)
 	return nil
 }

@@ -166,20 +166,21 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 			tenants, aggs, versions = append(tenants, e.env.TenantID), append(aggs, e.env.AggregateID), append(versions, e.env.AggregateVersion)
 		}
 	}
+	// The projection's writes and the bookkeeping, in one round trip.
+	b := &pgx.Batch{}
 	if len(apply) > 0 {
-		if err := r.proj.Apply(ctx, tx, apply); err != nil {
+		if err := r.proj.Queue(b, apply); err != nil {
 			return fmt.Errorf("apply %d events: %w", len(apply), err)
 		}
-		if _, err := tx.Exec(ctx, positionsAdvanceSQL, name, tenants, aggs, versions); err != nil {
-			return fmt.Errorf("advance projection positions: %w", err)
-		}
-		if _, err := tx.Exec(ctx, notifyAppliedSQL, name); err != nil {
-			return fmt.Errorf("notify: %w", err)
-		}
+		b.Queue(positionsAdvanceSQL, name, tenants, aggs, versions)
+		b.Queue(notifyAppliedSQL, name)
 	}
 	if maxSeq > 0 {
-		if _, err := tx.Exec(ctx, checkpointAdvanceSQL, name, int64(maxSeq)); err != nil {
-			return fmt.Errorf("advance checkpoint: %w", err)
+		b.Queue(checkpointAdvanceSQL, name, int64(maxSeq))
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("apply %d events: %w", len(apply), err)
 		}
 	}
 	return nil

@@ -1,7 +1,6 @@
 package projection
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -54,12 +53,11 @@ WHERE tenant_id = $1 AND order_id = $2`
 UPDATE order_views SET version = $3, updated_at = $4 WHERE tenant_id = $1 AND order_id = $2`
 )
 
-// Apply implements Projection: the new orders in one insert, then one
-// statement per later event, all sent as one batch (so one round trip). An
+// Queue implements Projection: the new orders in one insert, then one
+// statement per later event. An
 // order's created event precedes its other events, so inserting every new
 // view first keeps each order's events in order.
-func (OrderViews) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope) error {
-	b := &pgx.Batch{}
+func (OrderViews) Queue(b *pgx.Batch, events []domain.Envelope) error {
 	var created struct {
 		tenants, customers, statuses, currencies []string
 		ids                                      []uuid.UUID
@@ -115,7 +113,7 @@ func (OrderViews) Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope
 	for _, queue := range updates {
 		queue()
 	}
-	return tx.SendBatch(ctx, b).Close()
+	return nil
 }
 
 // queueOne queues an update that must hit exactly the event's view row.

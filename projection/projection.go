@@ -5,8 +5,6 @@
 package projection
 
 import (
-	"context"
-
 	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/domain"
@@ -68,11 +66,13 @@ type Projection interface {
 	// Tables are the read-model tables the projection owns (and a rebuild
 	// replaces).
 	Tables() []string
-	// Apply applies events to the read model inside tx. The runner has
-	// already made sure that each event is new (inbox) and next in line for
-	// its aggregate (positions), and passes an aggregate's events in version
-	// order. Apply must decode every event before it writes anything,
-	// returning an error that wraps domain.ErrMalformedEvent if one is
-	// unusable, and must ignore event types it does not know.
-	Apply(ctx context.Context, tx pgx.Tx, events []domain.Envelope) error
+	// Queue queues into b the statements that apply events to the read
+	// model; the runner sends them in one round trip with its own
+	// bookkeeping, in the batch's transaction. The runner has already made
+	// sure that each event is new (inbox) and next in line for its aggregate
+	// (positions), and passes an aggregate's events in version order. Queue
+	// must decode every event first, returning an error that wraps
+	// domain.ErrMalformedEvent if one is unusable (nothing is sent then),
+	// and must ignore event types it does not know.
+	Queue(b *pgx.Batch, events []domain.Envelope) error
 }

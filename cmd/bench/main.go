@@ -24,6 +24,7 @@ func main() {
 	phase := flag.Duration("phase", 10*time.Second, "length of each load measurement")
 	backlog := flag.Int("backlog", 100_000, "events of the drain measurements")
 	dir := flag.String("dir", ".local/bench", "state directory (wiped first)")
+	only := flag.String("only", "", `"load" or "drain" to measure only those`)
 	flag.Parse()
 	root, err := os.Getwd()
 	if err != nil {
@@ -31,7 +32,7 @@ func main() {
 		os.Exit(2)
 	}
 	rep, err := bench.Run(ctx, bench.Config{Root: root, Dir: filepath.Join(root, *dir), Phase: *phase,
-		Clients: []int{1, 16, 64}, Backlog: *backlog, Out: os.Stdout})
+		Clients: []int{1, 16, 64}, Backlog: *backlog, Only: *only, Out: os.Stdout})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)

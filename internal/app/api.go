@@ -33,7 +33,7 @@ type apiConfig struct {
 	relay                          bool
 	keyTTL, keyWait, janitorEvery  time.Duration
 	replicas, poolSize             int
-	relayPartitions                int
+	relayPartitions, relayWorkers  int
 	relayRetention                 time.Duration
 	logFormat, logLevel            string
 	tenant, clientName             string // token create
@@ -53,7 +53,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	var natsURL, httpAddr, tenant, name *string
 	var relay *bool
-	var replicas, poolSize, relayPartitions *int
+	var replicas, poolSize, relayPartitions, relayWorkers *int
 	var relayRetention *time.Duration
 	var keyTTL, keyWait, janitorEvery *time.Duration
 	switch sub {
@@ -67,6 +67,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		replicas = env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream (3 on a cluster)")
 		poolSize = env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 20, "most PostgreSQL connections of this process")
 		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", 16, "most outbox partitions (of 16) this relay publishes")
+		relayWorkers = env.Int(fs, "relay-workers", "RELAY_WORKERS", 2, "relay workers in this process (each owns a share of its partitions)")
 		relayRetention = env.Duration(fs, "relay-retention", "RELAY_RETENTION", 0, "prune published outbox rows after this long (0: keep; rebuilds need them)")
 	case "token create":
 		tenant = fs.String("tenant", "", "tenant the new client acts for (a-z, 0-9, -, _)")
@@ -87,7 +88,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		c.natsURL, c.httpAddr, c.relay = *natsURL, *httpAddr, *relay
 		c.keyTTL, c.keyWait, c.janitorEvery = *keyTTL, *keyWait, *janitorEvery
 		c.replicas, c.poolSize = *replicas, *poolSize
-		c.relayPartitions, c.relayRetention = *relayPartitions, *relayRetention
+		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
 		switch {
 		case c.keyTTL < time.Second:
 			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
@@ -99,6 +100,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
 		case c.relayPartitions < 1 || c.relayPartitions > outbox.Partitions:
 			return c, fmt.Errorf("-relay-partitions must be 1 to %d, got %d", outbox.Partitions, c.relayPartitions)
+		case c.relayWorkers < 1 || c.relayWorkers > c.relayPartitions:
+			return c, fmt.Errorf("-relay-workers must be 1 to -relay-partitions (%d), got %d", c.relayPartitions, c.relayWorkers)
 		case c.relayRetention < 0:
 			return c, fmt.Errorf("-relay-retention must not be negative, got %s", c.relayRetention)
 		}
@@ -197,15 +200,33 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		if err != nil {
 			return fmt.Errorf("jetstream: %w", err)
 		}
-		relay := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{
-			StreamReplicas: cfg.replicas, MaxPartitions: cfg.relayPartitions, Retention: cfg.relayRetention,
-		})
+		// Several relay workers, each owning its share of the partitions on
+		// its own connection, so that one claims and marks in the database
+		// while another waits for PubAcks.
+		var relays []*outbox.Relay
+		share := (cfg.relayPartitions + cfg.relayWorkers - 1) / cfg.relayWorkers
+		for i := range cfg.relayWorkers {
+			relays = append(relays, outbox.NewRelay(pool, js, logger.With("component", "relay", "worker", i), outbox.Config{
+				StreamReplicas: cfg.replicas, MaxPartitions: share, Retention: cfg.relayRetention,
+			}))
+		}
+		sum := func(f func(outbox.Stats) int64) func() int64 {
+			return func() (n int64) {
+				for _, r := range relays {
+					n += f(r.Stats())
+				}
+				return n
+			}
+		}
 		ms = append(ms,
-			counter("relay_published_total", "outbox events published by this relay", func() int64 { return relay.Stats().Published }),
-			counter("relay_duplicates_total", "publishes the stream dropped as duplicates (republished after a crash)", func() int64 { return relay.Stats().Duplicates }),
-			counter("relay_pruned_total", "published outbox rows pruned after the retention", func() int64 { return relay.Stats().Pruned }),
-			metrics.Metric{Name: "relay_partitions_owned", Help: "outbox partitions this relay publishes", Read: metrics.One(func() int64 { return relay.Stats().Partitions })})
-		wg.Go(func() { relay.Run(bgCtx) })
+			counter("relay_published_total", "outbox events published by this process's relay", sum(func(s outbox.Stats) int64 { return s.Published })),
+			counter("relay_duplicates_total", "publishes the stream dropped as duplicates (republished after a crash)", sum(func(s outbox.Stats) int64 { return s.Duplicates })),
+			counter("relay_pruned_total", "published outbox rows pruned after the retention", sum(func(s outbox.Stats) int64 { return s.Pruned })),
+			metrics.Metric{Name: "relay_partitions_owned", Help: "outbox partitions this process's relay publishes",
+				Read: metrics.One(sum(func(s outbox.Stats) int64 { return s.Partitions }))})
+		for _, r := range relays {
+			wg.Go(func() { r.Run(bgCtx) })
+		}
 	}
 
 	// Read-your-writes: the projector NOTIFYs when it applied something.

@@ -38,6 +38,7 @@ type Config struct {
 	Phase     time.Duration // length of each load measurement
 	Clients   []int         // concurrency levels of create and replay
 	Backlog   int           // events of the drain measurements
+	Only      string        // "load" or "drain" to measure only those; "" for all
 	Out       io.Writer
 }
 
@@ -91,34 +92,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r.base = fmt.Sprintf("http://127.0.0.1:%d", r.s.apiPort)
 
-	var maxCreate float64
-	for _, c := range cfg.Clients {
-		ceiling, err := r.pgbench(ctx, "create", command.CreateOrderBenchScript(), c)
-		if err != nil {
+	if cfg.Only != "drain" {
+		if err := r.load(ctx); err != nil {
 			return nil, err
 		}
-		row := r.attack(ctx, "create", c, r.createTargeter())
-		row.Ceiling, row.Ratio = ceiling, row.Rate/ceiling
-		if c == slices.Max(cfg.Clients) {
-			maxCreate = row.Rate
-			row.Target = "≥ 50% of ceiling"
-			row.Met = ptr(row.Ratio >= 0.5)
-		}
-		r.add(row)
 	}
-	for _, c := range cfg.Clients {
-		row := r.attack(ctx, "replay", c, r.replayTargeter())
-		createRate := r.find("create", c).Rate
-		row.Ratio, row.Note = row.Rate/createRate, "ratio: of create at the same clients"
-		if c == slices.Max(cfg.Clients) {
-			row.Target, row.Met = "≥ 1.5 × create", ptr(row.Ratio >= 1.5)
-		}
-		r.add(row)
-	}
-	r.add(r.attack(ctx, "read", slices.Max(cfg.Clients), r.readTargeter()))
-
-	if err := r.endToEnd(ctx, maxCreate); err != nil {
-		return nil, err
+	if cfg.Only == "load" {
+		return r.rep, nil
 	}
 	if err := r.drain(ctx); err != nil {
 		return nil, err
@@ -156,6 +136,41 @@ func (r *runner) find(name string, clients int) Row {
 		}
 	}
 	return Row{Rate: 1}
+}
+
+// load measures create, replay, read and end to end.
+func (r *runner) load(ctx context.Context) error {
+	cfg := r.cfg
+	var maxCreate float64
+	for _, c := range cfg.Clients {
+		ceiling, err := r.pgbench(ctx, "create", command.CreateOrderBenchScript(), c)
+		if err != nil {
+			return err
+		}
+		row := r.attack(ctx, "create", c, r.createTargeter())
+		row.Ceiling, row.Ratio = ceiling, row.Rate/ceiling
+		if c == slices.Max(cfg.Clients) {
+			maxCreate = row.Rate
+			row.Target = "≥ 50% of ceiling"
+			row.Met = ptr(row.Ratio >= 0.5)
+		}
+		r.add(row)
+	}
+	for _, c := range cfg.Clients {
+		row := r.attack(ctx, "replay", c, r.replayTargeter())
+		createRate := r.find("create", c).Rate
+		row.Ratio, row.Note = row.Rate/createRate, "ratio: of create at the same clients"
+		if c == slices.Max(cfg.Clients) {
+			row.Target, row.Met = "≥ 1.5 × create", ptr(row.Ratio >= 1.5)
+		}
+		r.add(row)
+	}
+	r.add(r.attack(ctx, "read", slices.Max(cfg.Clients), r.readTargeter()))
+
+	if err := r.endToEnd(ctx, maxCreate); err != nil {
+		return err
+	}
+	return nil
 }
 
 // pgbench runs script for Phase at the given clients against the stack's

@@ -6,6 +6,8 @@
 #                                    of a cluster (see scripts/nats-cluster.sh)
 #   scripts/nats.sh stop DIR         stop it (ok if not running)
 #   scripts/nats.sh url PORT         print the client URL
+# NATS_SYNC_INTERVAL overrides the store's fsync policy (default: always,
+# so an acknowledged event survives a power cut on a single node).
 #
 # The server binary comes from the Go module tool directive
 # (tool github.com/nats-io/nats-server/v2), built by `go tool -n nats-server`
@@ -77,7 +79,7 @@ server_name: ${NATS_SERVER_NAME:-orders-dev}
 listen: 127.0.0.1:$port
 jetstream {
   store_dir: "$dir/jetstream"
-  sync_interval: always
+  sync_interval: ${NATS_SYNC_INTERVAL:-always}
 }
 EOF
 	if [ -n "${NATS_CLUSTER_PORT:-}" ]; then

@@ -25,6 +25,7 @@ func main() {
 	backlog := flag.Int("backlog", 100_000, "events of the drain measurements")
 	dir := flag.String("dir", ".local/bench", "state directory (wiped first)")
 	only := flag.String("only", "", `"load" or "drain" to measure only those`)
+	natsSync := flag.String("nats-sync", "", "nats-server sync_interval (default always, the production setting; e.g. 2m for the NATS default)")
 	flag.Parse()
 	root, err := os.Getwd()
 	if err != nil {
@@ -32,7 +33,7 @@ func main() {
 		os.Exit(2)
 	}
 	rep, err := bench.Run(ctx, bench.Config{Root: root, Dir: filepath.Join(root, *dir), Phase: *phase,
-		Clients: []int{1, 16, 64}, Backlog: *backlog, Only: *only, Out: os.Stdout})
+		Clients: []int{1, 16, 64}, Backlog: *backlog, Only: *only, NATSSync: *natsSync, Out: os.Stdout})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)

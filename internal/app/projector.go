@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -82,6 +84,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	all := fs.Bool("all", false, "dead-letters list: also the resolved ones")
+	only := env.String(fs, "projections", "PROJECTOR_PROJECTIONS", "", "comma-separated projections this process keeps (default: all)")
 	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -179,10 +182,15 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	// Each projection has its own durable consumer, inbox rows, positions
-	// and checkpoint.
+	// and checkpoint; a process keeps all of them, or those it is told to.
 	var runners []*projection.Runner
 	for _, p := range projections() {
-		runners = append(runners, projection.NewRunner(pool, js, p, logger, cfg.runner))
+		if *only == "" || slices.Contains(strings.Split(*only, ","), p.Name()) {
+			runners = append(runners, projection.NewRunner(pool, js, p, logger, cfg.runner))
+		}
+	}
+	if len(runners) == 0 {
+		return fmt.Errorf("-projections %q names no projection\n%s", *only, projectorUsage)
 	}
 	if sub == "status" {
 		return printStatus(ctx, runners, stdout)

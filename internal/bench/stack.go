@@ -21,6 +21,7 @@ type stack struct {
 	apiPort, projPort  int
 	api, projector     *exec.Cmd
 	databaseURL, token string
+	natsSync           string // NATS_SYNC_INTERVAL; "" for always
 }
 
 func freePort() int {
@@ -57,6 +58,9 @@ func (s *stack) up(ctx context.Context) error {
 	// deployment's commit path.
 	if err := s.sh(ctx, "scripts/pg.sh", "start", filepath.Join(s.dir, "pg"), fmt.Sprint(s.pgPort)); err != nil {
 		return err
+	}
+	if s.natsSync != "" {
+		os.Setenv("NATS_SYNC_INTERVAL", s.natsSync)
 	}
 	if err := s.sh(ctx, "scripts/nats.sh", "start", filepath.Join(s.dir, "nats"), fmt.Sprint(s.natsPort)); err != nil {
 		return err
@@ -104,8 +108,8 @@ func (s *stack) startAPI() (err error) {
 	return err
 }
 
-func (s *stack) startProjector() (err error) {
-	s.projector, err = s.startProcess("projector", fmt.Sprintf("PROJECTOR_HTTP_ADDR=127.0.0.1:%d", s.projPort))
+func (s *stack) startProjector(env ...string) (err error) {
+	s.projector, err = s.startProcess("projector", append(env, fmt.Sprintf("PROJECTOR_HTTP_ADDR=127.0.0.1:%d", s.projPort))...)
 	return err
 }
 

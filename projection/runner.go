@@ -21,7 +21,7 @@ import (
 // Config tunes a Runner. Zero values take the defaults; the README's
 // "Operating it" explains each choice.
 type Config struct {
-	// BatchSize is the most events applied in one transaction; default 100.
+	// BatchSize is the most events applied in one transaction; default 250.
 	BatchSize int
 	// BatchWait is how long a batch waits, after its first event, for more
 	// to fill it; default 0: a batch is whatever is buffered already, for the
@@ -50,7 +50,7 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.BatchSize <= 0 {
-		c.BatchSize = 100
+		c.BatchSize = 250
 	}
 	if c.AckWait <= 0 {
 		c.AckWait = 30 * time.Second

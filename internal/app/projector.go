@@ -75,7 +75,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	databaseURL := env.String(fs, "database-url", "DATABASE_URL", DefaultDatabaseURL, "PostgreSQL connection URL")
 	natsURL := env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
 	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", ":8081", "address to serve /healthz, /readyz and /metrics on")
-	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", 100, "most events applied in one transaction")
+	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", 250, "most events applied in one transaction")
 	batchWait := env.Duration(fs, "batch-wait", "PROJECTOR_BATCH_WAIT", 0, "wait this long after a batch's first event for more (0: take what is buffered)")
 	ackWait := env.Duration(fs, "ack-wait", "PROJECTOR_ACK_WAIT", 30*time.Second, "redeliver an event after this long without an ack")
 	maxDeliver := env.Int(fs, "max-deliver", "PROJECTOR_MAX_DELIVER", 10, "dead-letter an event after this many deliveries")

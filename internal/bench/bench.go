@@ -373,7 +373,7 @@ func (r *runner) drain(ctx context.Context) error {
 	// Relay ceiling: its batch's database work, on this backlog; then put
 	// the backlog back.
 	const relayBatch = 500
-	tps, err := r.pgbench(ctx, "relay", outbox.PublishBenchScript(relayBatch), 1)
+	tps, err := r.pgbench(ctx, "relay", outbox.PublishBenchScript(relayBatch), 2) // the api's two relay workers
 	if err != nil {
 		return err
 	}

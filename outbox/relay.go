@@ -386,7 +386,7 @@ func PublishBenchScript(n int) string {
 	oneLine := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	return "BEGIN;\n" +
 		// The ids go to the mark through a pgbench variable.
-		"WITH claimed AS (" + oneLine(claim) + ") SELECT array_agg(id) AS ids, sum(length(payload::text)) AS bytes FROM claimed\n\\gset\n" +
+		"WITH claimed AS (" + oneLine(claim) + ") SELECT coalesce(array_agg(id), '{}') AS ids, sum(length(payload::text)) AS bytes FROM claimed\n\\gset\n" +
 		oneLine(strings.ReplaceAll(outboxMarkPublishedSQL, "$1", ":ids::uuid[]")) + ";\n" +
 		"COMMIT;\n"
 }

@@ -190,6 +190,12 @@ func (r *runner) load(ctx context.Context) error {
 // pgbench runs script for Phase at the given clients against the stack's
 // database and returns its transactions per second.
 func (r *runner) pgbench(ctx context.Context, name, script string, clients int) (float64, error) {
+	return r.pgbenchRun(ctx, name, script, clients, "-T", fmt.Sprint(int(r.cfg.Phase.Seconds())))
+}
+
+// pgbenchRun runs script with the given length option (-T seconds or -t
+// transactions per client).
+func (r *runner) pgbenchRun(ctx context.Context, name, script string, clients int, length ...string) (float64, error) {
 	file := filepath.Join(r.cfg.Dir, name+".pgbench")
 	if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
 		return 0, err
@@ -200,7 +206,7 @@ func (r *runner) pgbench(ctx context.Context, name, script string, clients int) 
 	}
 	out, err := exec.CommandContext(ctx, bin, "-h", "127.0.0.1", "-p", fmt.Sprint(r.s.pgPort), "-U", "postgres", "-n",
 		"-M", "prepared", "-f", file, "-c", fmt.Sprint(clients), "-j", fmt.Sprint(min(clients, 2)),
-		"-T", fmt.Sprint(int(r.cfg.Phase.Seconds())), "orders").CombinedOutput()
+		length[0], length[1], "orders").CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("pgbench %s: %w\n%s", name, err, out)
 	}
@@ -373,7 +379,9 @@ func (r *runner) drain(ctx context.Context) error {
 	// Relay ceiling: its batch's database work, on this backlog; then put
 	// the backlog back.
 	const relayBatch = 500
-	tps, err := r.pgbench(ctx, "relay", outbox.PublishBenchScript(relayBatch), 2) // the api's two relay workers
+	// Two clients, as the api's two relay workers; as many batches as the
+	// backlog holds, so that none of them finds it empty.
+	tps, err := r.pgbenchRun(ctx, "relay", outbox.PublishBenchScript(relayBatch), 2, "-t", fmt.Sprint(n/relayBatch/2))
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -125,6 +126,7 @@ func TestListOrdersFilters(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"limit=0", "limit=101", "limit=x", "status=lost", "created_after=yesterday", "cursor=garbage",
+		"customer_id=%00", "customer_id=%FF%FE", "customer_id=" + strings.Repeat("c", 65),
 		"cursor=" + fmt.Sprint(uuid.New())} {
 		if res := a.do(t, http.MethodGet, "/v1/orders?"+bad, nil, ""); res.status != 400 {
 			t.Fatalf("?%s: %d %s; want 400", bad, res.status, res.body)

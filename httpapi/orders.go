@@ -319,6 +319,10 @@ type orderPageJSON struct {
 func (s *Server) listOrders(w http.ResponseWriter, r *http.Request) {
 	params := r.URL.Query()
 	q := query.ListOrders{TenantID: tenantOf(r), CustomerID: params.Get("customer_id"), Limit: query.DefaultPageSize}
+	if q.CustomerID != "" && hasField((domain.NewOrder{CustomerID: q.CustomerID}).Validate(), "customer_id") {
+		writeProblem(w, r, s.Logger, invalidParam("customer_id", "must be a customer id: 1 to 64 visible ASCII characters"), nil)
+		return
+	}
 	if st := params.Get("status"); st != "" {
 		switch domain.Status(st) {
 		case domain.StatusPending, domain.StatusPaid, domain.StatusShipped, domain.StatusCancelled:

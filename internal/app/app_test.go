@@ -74,6 +74,17 @@ func newEnv(t *testing.T) map[string]string {
 	}
 }
 
+// startStack runs an api and a projector on a fresh database and NATS
+// server until the test ends, and returns their environment, the api's URL
+// and a token of tenant acme.
+func startStack(t *testing.T) (env map[string]string, api, token string) {
+	t.Helper()
+	env = newEnv(t)
+	api = start(t, "api", app.RunAPI, env)
+	start(t, "projector", app.RunProjector, env)
+	return env, api, newToken(t, env, "acme")
+}
+
 // newToken runs `api token create -tenant tenant` and returns what it printed.
 func newToken(t *testing.T, env map[string]string, tenant string) string {
 	t.Helper()
@@ -268,10 +279,7 @@ func TestExpiredKeyRetryPointsAtTheExistingOrder(t *testing.T) {
 // NOTIFY) until the read model has it.
 func TestReadYourWrites(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t)
-	api := start(t, "api", app.RunAPI, env)
-	start(t, "projector", app.RunProjector, env)
-	token := newToken(t, env, "acme")
+	_, api, token := startStack(t)
 
 	created := call(t, http.MethodPost, api+"/v1/orders", token, "ryw-1", orderBody("c-ryw"))
 	var o struct {

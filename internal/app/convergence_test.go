@@ -12,7 +12,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/acme/orders/internal/app"
 	"github.com/acme/orders/internal/invariant"
 	"github.com/acme/orders/internal/testenv"
 	"github.com/acme/orders/stream"
@@ -23,10 +22,7 @@ import (
 // every event is delivered a second time under a new message id.
 func TestConvergence(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t)
-	api := start(t, "api", app.RunAPI, env)
-	start(t, "projector", app.RunProjector, env)
-	token := newToken(t, env, "acme")
+	env, api, token := startStack(t)
 
 	const orders = 500
 	workload(t, []string{api}, token, "", orders, 8, 42)

@@ -148,10 +148,7 @@ func TestScaledOutPipelineConverges(t *testing.T) {
 // so only a real rebuild can make it right).
 func TestRebuildDuringLiveLoad(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t)
-	api := start(t, "api", app.RunAPI, env)
-	start(t, "projector", app.RunProjector, env)
-	token := newToken(t, env, "acme")
+	env, api, token := startStack(t)
 
 	workload(t, []string{api}, token, "before-", 300, 8, 1)
 	converged(t, env, "before the rebuild")
@@ -181,10 +178,7 @@ func TestRebuildDuringLiveLoad(t *testing.T) {
 // The projector's operating commands print what an operator needs.
 func TestProjectorCommands(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t)
-	api := start(t, "api", app.RunAPI, env)
-	start(t, "projector", app.RunProjector, env)
-	token := newToken(t, env, "acme")
+	env, api, token := startStack(t)
 	workload(t, []string{api}, token, "", 20, 4, 3)
 	converged(t, env, "before the commands")
 

@@ -126,7 +126,17 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 			return nil
 		}
 		if status == statusDiscarded {
-			// Skip it: record it as handled, and move the position past it.
+			// Skip it: move the position past it, but only from just before
+			// it; skipping a missing predecessor too would lose it silently.
+			var pos int64
+			if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM projection_positions WHERE projection = $1 AND aggregate_id = $2`,
+				r.proj.Name(), e.env.AggregateID).Scan(&pos); err != nil {
+				return err
+			}
+			if pos != e.env.AggregateVersion-1 {
+				return fmt.Errorf("dead letter %d is version %d but the projection is at version %d of that order: resolve the earlier version first",
+					id, e.env.AggregateVersion, pos)
+			}
 			e.outcome = Stale
 			if _, err := tx.Exec(ctx, positionsAdvanceSQL, r.proj.Name(), []string{e.env.TenantID},
 				[]uuid.UUID{e.env.AggregateID}, []int64{e.env.AggregateVersion}); err != nil {

@@ -13,7 +13,7 @@ import (
 // ones, in order.
 func TestPoisonEventIsDeadLetteredAndItsAggregateParked(t *testing.T) {
 	t.Parallel()
-	cfg := Config{MaxDeliver: 3, RetryDelay: 10 * time.Millisecond, GapDelay: 10 * time.Millisecond}
+	cfg := Config{Workers: 1, MaxDeliver: 3, RetryDelay: 10 * time.Millisecond, GapDelay: 10 * time.Millisecond}
 	f := newFixture(t, cfg)
 	ctx := context.Background()
 	if _, err := f.db.Exec(ctx, `ALTER TABLE order_views ADD CONSTRAINT no_poison CHECK (customer_id <> 'poison')`); err != nil {
@@ -77,7 +77,7 @@ func TestPoisonEventIsDeadLetteredAndItsAggregateParked(t *testing.T) {
 // and the events parked behind it are applied.
 func TestDiscardSkipsTheDeadLetterAndReleasesItsParkedEvents(t *testing.T) {
 	t.Parallel()
-	cfg := Config{MaxDeliver: 2, RetryDelay: 10 * time.Millisecond, GapDelay: 10 * time.Millisecond}
+	cfg := Config{Workers: 1, MaxDeliver: 2, RetryDelay: 10 * time.Millisecond, GapDelay: 10 * time.Millisecond}
 	f := newFixture(t, cfg)
 	ctx := context.Background()
 	// The paid event (v2) is the poison here: paid_at may not be set.

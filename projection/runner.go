@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +24,11 @@ import (
 type Config struct {
 	// BatchSize is the most events applied in one transaction; default 250.
 	BatchSize int
+	// Workers is how many batches this runner applies at once (each in its
+	// own transaction), so that decoding one overlaps the database work of
+	// another; default 2. Like workers in other processes, they share the
+	// consumer, and the version gate keeps them exact.
+	Workers int
 	// BatchWait is how long a batch waits, after its first event, for more
 	// to fill it; default 0: a batch is whatever is buffered already, for the
 	// lowest latency. A few milliseconds buy bigger batches under a steady
@@ -54,6 +60,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AckWait <= 0 {
 		c.AckWait = 30 * time.Second
+	}
+	if c.Workers <= 0 {
+		c.Workers = 2
 	}
 	if c.MaxDeliver <= 0 {
 		c.MaxDeliver = 10
@@ -128,7 +137,7 @@ func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       r.cfg.AckWait,
 		MaxDeliver:    -1,
-		MaxAckPending: 10 * r.cfg.BatchSize,
+		MaxAckPending: 10 * r.cfg.BatchSize * r.cfg.Workers,
 		Replicas:      r.cfg.StreamReplicas,
 	})
 	if err != nil {
@@ -154,7 +163,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		sleep(ctx, 2*time.Second)
 	}
 
-	msgs := make(chan jetstream.Msg, r.cfg.BatchSize)
+	msgs := make(chan jetstream.Msg, r.cfg.BatchSize*r.cfg.Workers)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
 		case msgs <- m:
@@ -162,7 +171,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			_ = m.Nak()
 		}
 	},
-		jetstream.PullMaxMessages(r.cfg.BatchSize),
+		jetstream.PullMaxMessages(r.cfg.BatchSize*r.cfg.Workers),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			r.logger.WarnContext(ctx, "consume", "err", err)
 		}))
@@ -181,16 +190,23 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 	}()
 
-	for {
-		batch := collect(ctx, msgs, r.cfg.BatchSize, r.cfg.BatchWait)
-		if batch == nil {
-			return nil
-		}
-		// The batch in hand is finished even if shutdown has begun.
-		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.AckWait)
-		r.Process(bctx, batch)
-		cancel()
+	var wg sync.WaitGroup
+	for range r.cfg.Workers {
+		wg.Go(func() {
+			for {
+				batch := collect(ctx, msgs, r.cfg.BatchSize, r.cfg.BatchWait)
+				if batch == nil {
+					return
+				}
+				// The batch in hand is finished even if shutdown has begun.
+				bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.AckWait)
+				r.Process(bctx, batch)
+				cancel()
+			}
+		})
 	}
+	wg.Wait()
+	return nil
 }
 
 // collect blocks for one message, then takes whatever else is already

@@ -76,6 +76,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	natsURL := env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
 	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", ":8081", "address to serve /healthz, /readyz and /metrics on")
 	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", 250, "most events applied in one transaction")
+	workers := env.Int(fs, "workers", "PROJECTOR_WORKERS", 2, "batches each projection applies at once in this process")
 	batchWait := env.Duration(fs, "batch-wait", "PROJECTOR_BATCH_WAIT", 0, "wait this long after a batch's first event for more (0: take what is buffered)")
 	ackWait := env.Duration(fs, "ack-wait", "PROJECTOR_ACK_WAIT", 30*time.Second, "redeliver an event after this long without an ack")
 	maxDeliver := env.Int(fs, "max-deliver", "PROJECTOR_MAX_DELIVER", 10, "dead-letter an event after this many deliveries")
@@ -101,6 +102,8 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		return fmt.Errorf("-stream-replicas must be 1 to 5, got %d", *replicas)
 	case *poolSize < 4:
 		return fmt.Errorf("-db-pool-size must be at least 4, got %d", *poolSize)
+	case *workers < 1 || *workers > 16:
+		return fmt.Errorf("-workers must be 1 to 16, got %d", *workers)
 	case *maxDeliver < 1:
 		return fmt.Errorf("-max-deliver must be at least 1, got %d", *maxDeliver)
 	case *ackWait < time.Second:
@@ -109,7 +112,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	cfg = projectorConfig{
 		databaseURL: *databaseURL, natsURL: *natsURL, httpAddr: *httpAddr,
 		logFormat: *logFormat, logLevel: *logLevel, poolSize: *poolSize, all: *all,
-		runner: projection.Config{BatchSize: *batchSize, BatchWait: *batchWait, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas},
+		runner: projection.Config{BatchSize: *batchSize, Workers: *workers, BatchWait: *batchWait, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas},
 	}
 	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "projector")
 	if sub != "" {

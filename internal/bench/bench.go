@@ -181,10 +181,59 @@ func (r *runner) load(ctx context.Context) error {
 	}
 	r.add(r.attack(ctx, "read", slices.Max(cfg.Clients), r.readTargeter()))
 
+	// The end-to-end latency is that of a caught-up pipeline: let the relay
+	// and the projector finish what the load phases left them first.
+	if err := r.waitIdle(ctx, 5*time.Minute); err != nil {
+		return err
+	}
 	if err := r.endToEnd(ctx, maxCreate); err != nil {
 		return err
 	}
 	return nil
+}
+
+// waitIdle waits until the outbox is published and every projection's
+// consumer has nothing pending.
+func (r *runner) waitIdle(ctx context.Context, within time.Duration) error {
+	conn, err := pgx.Connect(ctx, r.s.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", r.s.natsPort))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(within)
+	for {
+		idle := true
+		var left int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&left); err != nil || left > 0 {
+			idle = false
+		}
+		for _, name := range []string{"order_views", "customer_summaries", "daily_sales"} {
+			c, err := js.Consumer(ctx, stream.Name, name)
+			if err != nil {
+				idle = false
+				continue
+			}
+			if info, err := c.Info(ctx); err != nil || info.NumPending+uint64(info.NumAckPending) > 0 {
+				idle = false
+			}
+		}
+		if idle {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the pipeline did not catch up within %s", within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // pgbench runs script for Phase at the given clients against the stack's

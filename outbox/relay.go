@@ -126,7 +126,7 @@ func (r *Relay) Run(ctx context.Context) {
 		}
 		break
 	}
-	go postgres.Listen(ctx, r.db, "outbox", r.logger, r.Wake)
+	go postgres.Listen(ctx, r.db, "outbox", r.logger, func(string) { r.Wake() })
 
 	backoff := 100 * time.Millisecond
 	lastPrune := time.Time{}

@@ -9,11 +9,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Listen calls notify for every NOTIFY on channel until ctx ends. It keeps
-// one connection of pool for itself and, when that connection breaks, takes
-// another after a pause, calling notify once more after each reconnect (a
-// notification may have been missed while it was away).
-func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, logger *slog.Logger, notify func()) {
+// Listen calls notify with the payload of every NOTIFY on channel until ctx
+// ends. It keeps one connection of pool for itself and, when that
+// connection breaks, takes another after a pause, calling notify("") after
+// each (re)connect: a notification may have been missed while it was away,
+// and "" stands for "anything may have changed".
+func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, logger *slog.Logger, notify func(payload string)) {
 	for ctx.Err() == nil {
 		err := listenOnce(ctx, pool, channel, notify)
 		if ctx.Err() != nil {
@@ -27,7 +28,7 @@ func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, logger *slo
 	}
 }
 
-func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, notify func()) error {
+func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, notify func(payload string)) error {
 	pconn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -37,11 +38,12 @@ func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, notify 
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		return err
 	}
-	notify()
+	notify("")
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return err
 		}
-		notify()
+		notify(n.Payload)
 	}
 }

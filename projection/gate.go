@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -53,7 +54,8 @@ VALUES ($1, $2, now())
 ON CONFLICT (projection) DO UPDATE
 SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq), updated_at = now()`
 
-	// Wakes readers waiting to read their own writes (query.Changes).
+	// Wakes the readers waiting to read their own writes of these orders
+	// (query.Changes): the payload is the projection and the order ids.
 	notifyAppliedSQL = `SELECT pg_notify('projection_applied', $1)`
 )
 
@@ -173,7 +175,9 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 			return fmt.Errorf("apply %d events: %w", len(apply), err)
 		}
 		b.Queue(positionsAdvanceSQL, name, tenants, aggs, versions)
-		b.Queue(notifyAppliedSQL, name)
+		for _, payload := range appliedPayloads(name, aggs) {
+			b.Queue(notifyAppliedSQL, payload)
+		}
 	}
 	if maxSeq > 0 {
 		b.Queue(checkpointAdvanceSQL, name, int64(maxSeq))
@@ -216,4 +220,22 @@ func (r *Runner) park(ctx context.Context, tx pgx.Tx, gaps []*event) error {
 		e.outcome = Parked
 	}
 	return nil
+}
+
+// appliedPayloads renders the NOTIFY payloads that name the orders a batch
+// applied: "projection:id,id,…", chunked under PostgreSQL's 8,000-byte
+// payload limit.
+func appliedPayloads(name string, aggs []uuid.UUID) []string {
+	const perPayload = 150 // 150 × 37 bytes + the name < 8,000
+	var out []string
+	for len(aggs) > 0 {
+		n := min(perPayload, len(aggs))
+		ids := make([]string, n)
+		for i, id := range aggs[:n] {
+			ids[i] = id.String()
+		}
+		out = append(out, name+":"+strings.Join(ids, ","))
+		aggs = aggs[n:]
+	}
+	return out
 }

@@ -71,14 +71,14 @@ migrate: ## Apply database migrations (DATABASE_URL, or the PostgreSQL of `make 
 		DATABASE_URL="$$(scripts/pg.sh url $(RUN_PG_PORT))" go run ./cmd/api migrate; \
 	fi
 
-SEED     ?= $(shell date +%s%N | cut -c10-15)
+# SEED unset: the suite picks one and prints it.
 DURATION ?= 3m
 
 faults: ## Fault suite: crashes, restarts, network faults under load, then the invariant check (SEED=…, DURATION=3m)
-	@go run ./cmd/faults -seed $(SEED) -duration $(DURATION)
+	@go run ./cmd/faults $(if $(SEED),-seed $(SEED)) -duration $(DURATION)
 
 faults-short: ## A short fault-suite run (45 s of faults; part of CI)
-	@go run ./cmd/faults -seed $(SEED) -duration 45s -every 2s -dir .local/faults-short
+	@go run ./cmd/faults $(if $(SEED),-seed $(SEED)) -duration 45s -every 2s -dir .local/faults-short
 
 CLUSTER_DIR  := .local/cluster
 CLUSTER_PORT := 14250

@@ -192,23 +192,25 @@ func (r *runner) load(ctx context.Context) error {
 	return nil
 }
 
+// consumerIdle reports whether projection name's consumer has nothing
+// pending and nothing awaiting an ack.
+func consumerIdle(ctx context.Context, js jetstream.JetStream, name string) bool {
+	c, err := js.Consumer(ctx, stream.Name, name)
+	if err != nil {
+		return false
+	}
+	info, err := c.Info(ctx)
+	return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+}
+
 // waitIdle waits until the outbox is published and every projection's
 // consumer has nothing pending.
 func (r *runner) waitIdle(ctx context.Context, within time.Duration) error {
-	conn, err := pgx.Connect(ctx, r.s.databaseURL)
+	conn, js, done, err := r.s.clients(ctx)
 	if err != nil {
 		return err
 	}
-	defer conn.Close(ctx)
-	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", r.s.natsPort))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer done()
 	deadline := time.Now().Add(within)
 	for {
 		idle := true
@@ -217,14 +219,7 @@ func (r *runner) waitIdle(ctx context.Context, within time.Duration) error {
 			idle = false
 		}
 		for _, name := range []string{"order_views", "customer_summaries", "daily_sales"} {
-			c, err := js.Consumer(ctx, stream.Name, name)
-			if err != nil {
-				idle = false
-				continue
-			}
-			if info, err := c.Info(ctx); err != nil || info.NumPending+uint64(info.NumAckPending) > 0 {
-				idle = false
-			}
+			idle = idle && consumerIdle(ctx, js, name)
 		}
 		if idle {
 			return nil
@@ -487,18 +482,14 @@ func (r *runner) drain(ctx context.Context) error {
 		}
 		ceilings[name] = tps * 100
 	}
-	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", r.s.natsPort))
+	_, js, done, err := r.s.clients(ctx)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer done()
 	// Each projection on its own: a projector process that keeps only it,
 	// timed from its first applied event to its last.
-	done := map[string]time.Duration{}
+	drained := map[string]time.Duration{}
 	for _, name := range []string{"order_views", "customer_summaries", "daily_sales"} {
 		if err := r.s.startProjector("PROJECTOR_PROJECTIONS=" + name); err != nil {
 			return err
@@ -511,11 +502,9 @@ func (r *runner) drain(ctx context.Context) error {
 				if err := conn.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE projection = $1 AND tenant_id = 'bench-drain'`, name).Scan(&applied); err == nil && applied > 0 {
 					started = time.Now()
 				}
-			} else if c, err := js.Consumer(ctx, stream.Name, name); err == nil {
-				if info, err := c.Info(ctx); err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
-					done[name] = time.Since(started)
-					break
-				}
+			} else if consumerIdle(ctx, js, name) {
+				drained[name] = time.Since(started)
+				break
 			}
 			if time.Since(began) > 15*time.Minute {
 				return fmt.Errorf("projector drain of %s not done after 15 min", name)
@@ -529,7 +518,7 @@ func (r *runner) drain(ctx context.Context) error {
 		return err
 	}
 	for _, name := range []string{"order_views", "customer_summaries", "daily_sales"} {
-		rate := float64(n) / done[name].Seconds()
+		rate := float64(n) / drained[name].Seconds()
 		r.add(Row{Name: "projector drain " + name, Rate: rate, Ceiling: ceilings[name], Ratio: rate / ceilings[name],
 			Note:   "one projection per projector process, one after another",
 			Target: "≥ 10,000/s and ≥ 60% of ceiling", Met: ptr(rate >= 10000 && rate/ceilings[name] >= 0.6)})

@@ -11,6 +11,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // stack is PostgreSQL, nats-server, one api (relay on) and one projector,
@@ -172,4 +176,24 @@ func (s *stack) down() {
 	ctx := context.Background()
 	_ = s.sh(ctx, "scripts/nats.sh", "stop", filepath.Join(s.dir, "nats"))
 	_ = s.sh(ctx, "scripts/pg.sh", "stop", filepath.Join(s.dir, "pg"))
+}
+
+// clients connects to the stack's database and JetStream; done closes both.
+func (s *stack) clients(ctx context.Context) (*pgx.Conn, jetstream.JetStream, func(), error) {
+	conn, err := pgx.Connect(ctx, s.databaseURL)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", s.natsPort))
+	if err != nil {
+		conn.Close(ctx)
+		return nil, nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		conn.Close(ctx)
+		return nil, nil, nil, err
+	}
+	return conn, js, func() { nc.Close(); conn.Close(context.WithoutCancel(ctx)) }, nil
 }

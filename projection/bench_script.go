@@ -7,9 +7,9 @@ import (
 
 // ApplyBenchScript renders, as a pgbench script, one projector transaction
 // of a batch of n new order.created events for projection name, from the
-// same SQL constants the runner and the projection issue: the position lock,
-// the inbox insert, the projection's writes, the position advance, the
-// notify and the checkpoint. `make bench` measures its TPS × n as the
+// same SQL constants the runner and the projection issue: the shared lock,
+// the position lock, the inbox insert, the projection's writes, the position
+// advance, the notify and the checkpoint. `make bench` measures its TPS × n as the
 // ceiling of that projector's drain rate.
 func ApplyBenchScript(name string, n int) (string, error) {
 	series := fmt.Sprintf("generate_series(1, %d) AS g", n)
@@ -21,7 +21,8 @@ func ApplyBenchScript(name string, n int) (string, error) {
 	seqs := arr("g", "bigint")
 	statements := []string{
 		"BEGIN",
-		bind(positionsLockSQL, "'"+name+"'", aggs, fmt.Sprint(advisoryClass)),
+		bind(sharedLockSQL, fmt.Sprint(advisoryClass), "'"+name+"'"),
+		bind(positionsLockSQL, "'"+name+"'", aggs),
 		bind(inboxInsertSQL, "'"+name+"'", events, tenants, aggs, ones, seqs),
 	}
 	switch name {

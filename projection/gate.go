@@ -18,14 +18,20 @@ import (
 const advisoryClass = 0x0b7b0c5
 
 const (
-	// positionsLockSQL takes the projection's shared lock, then locks the
-	// position of every aggregate of the batch.
+	// sharedLockSQL takes the projection's lock shared. It is a statement
+	// of its own, sent before positionsLockSQL in the same round trip: so
+	// every batch takes it (a lock joined into the positions query would be
+	// skipped when no position row matches, as for a batch of new orders),
+	// and the positions are read with a snapshot taken after it is granted
+	// (so after any rebuild swap that held it).
+	sharedLockSQL = `SELECT pg_advisory_xact_lock_shared($1, hashtext($2))`
+
+	// positionsLockSQL locks the position of every aggregate of the batch.
 	positionsLockSQL = `
-WITH shared AS (SELECT pg_advisory_xact_lock_shared($3, hashtext($1)))
-SELECT aggregate_id, version FROM projection_positions, shared
+SELECT aggregate_id, version FROM projection_positions
 WHERE projection = $1 AND aggregate_id = ANY($2)
 ORDER BY aggregate_id
-FOR UPDATE OF projection_positions`
+FOR UPDATE`
 
 	positionsAdvanceSQL = `
 INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)
@@ -94,15 +100,9 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 		return nil
 	}
 
-	rows, _ := tx.Query(ctx, positionsLockSQL, name, aggregates, advisoryClass)
-	positions := make(map[uuid.UUID]int64, len(aggregates))
-	var aggID uuid.UUID
-	var version int64
-	if _, err := pgx.ForEachRow(rows, []any{&aggID, &version}, func() error {
-		positions[aggID] = version
-		return nil
-	}); err != nil {
-		return fmt.Errorf("lock projection positions: %w", err)
+	positions, err := lockPositions(ctx, tx, name, aggregates)
+	if err != nil {
+		return err
 	}
 	var recorded, gaps []*event // recorded: applied or stale, they go into the inbox
 	seen := make(map[uuid.UUID]bool, len(live))
@@ -140,7 +140,7 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 		ids[i], tenants[i], aggs[i] = e.env.ID, e.env.TenantID, e.env.AggregateID
 		versions[i], seqs[i] = e.env.AggregateVersion, int64(e.seq)
 	}
-	rows, _ = tx.Query(ctx, inboxInsertSQL, name, ids, tenants, aggs, versions, seqs)
+	rows, _ := tx.Query(ctx, inboxInsertSQL, name, ids, tenants, aggs, versions, seqs)
 	inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
 		return fmt.Errorf("insert inbox rows: %w", err)
@@ -188,6 +188,30 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 		}
 	}
 	return nil
+}
+
+// lockPositions takes the projection's shared lock and then locks and reads
+// the positions of aggregates, in one round trip.
+func lockPositions(ctx context.Context, tx pgx.Tx, name string, aggregates []uuid.UUID) (map[uuid.UUID]int64, error) {
+	b := &pgx.Batch{}
+	b.Queue(sharedLockSQL, advisoryClass, name)
+	b.Queue(positionsLockSQL, name, aggregates)
+	res := tx.SendBatch(ctx, b)
+	defer res.Close()
+	if _, err := res.Exec(); err != nil {
+		return nil, fmt.Errorf("take the projection's shared lock: %w", err)
+	}
+	rows, _ := res.Query()
+	positions := make(map[uuid.UUID]int64, len(aggregates))
+	var aggID uuid.UUID
+	var version int64
+	if _, err := pgx.ForEachRow(rows, []any{&aggID, &version}, func() error {
+		positions[aggID] = version
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("lock projection positions: %w", err)
+	}
+	return positions, res.Close()
 }
 
 // park moves the gap events of aggregates with an open dead letter into

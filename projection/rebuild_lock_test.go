@@ -1,0 +1,57 @@
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/google/uuid"
+)
+
+// A rebuild's swap holds the projection's lock exclusively so that no live
+// batch commits between its last read of the event log and the swap. Every
+// batch must wait for it, including a batch of brand-new orders, which have
+// no position rows yet (a lock taken only when a position row matches would
+// let such a batch slip past the swap, and the swap would then drop its
+// effect while its inbox rows stayed).
+func TestEveryBatchWaitsForARebuildSwap(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	ctx := context.Background()
+
+	swap, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer swap.Rollback(ctx) //nolint:errcheck
+	if _, err := swap.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, advisoryClass, f.runner.Name()); err != nil {
+		t.Fatal(err)
+	}
+
+	orderID := uuid.Must(uuid.NewV7())
+	data, err := json.Marshal(createdEvent(t, orderID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.runner.commit(ctx, decode([]*event{{data: data, deliveries: 1}})) }()
+
+	eventually(t, "the batch waits for the projection's lock", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the batch committed (err %v) while a rebuild swap held the projection's lock", err)
+		default:
+		}
+		return f.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = $1`, advisoryClass) == 1
+	})
+	if err := swap.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the batch after the swap: %v", err)
+	}
+	if v, _ := f.view(t, orderID); v != 1 {
+		t.Fatalf("view version %d, want 1", v)
+	}
+}

@@ -8,18 +8,30 @@
 // seq order, so an aggregate's events leave in version order.
 //
 // In one transaction on that connection the relay claims the oldest
-// unpublished rows of its partitions, publishes them asynchronously with
-// Nats-Msg-Id set to the event id, waits for every PubAck, and marks the
-// acknowledged prefix published. A crash between publish and mark
-// republishes on the next round: the stream's duplicate window drops the
-// copy, and past the window the projectors' inbox does. A row stays
-// unpublished until JetStream has acknowledged it.
+// unpublished rows of its partitions, publishes them with Nats-Msg-Id set to
+// the event id, waits for JetStream's acknowledgement, and marks the
+// acknowledged rows published. A crash between publish and mark republishes
+// on the next round: the stream's duplicate window drops the copy, and past
+// the window the projectors' inbox does. A row stays unpublished until
+// JetStream has acknowledged it.
+//
+// A batch goes out as one JetStream atomic batch when the stream allows it
+// (nats-server 2.12 and later): all of it is stored or none, and the server
+// syncs it to disk once, where a `sync_interval: always` server syncs each
+// message published alone (several times the throughput; BENCHMARKS.md).
+// JetStream refuses a whole atomic batch if one of its messages is a
+// duplicate, as after a crash between publish and mark; the relay then
+// publishes that batch message by message, asynchronously, and the
+// duplicate window drops the copies one by one.
 package outbox
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,8 +88,26 @@ type Relay struct {
 	lastTake time.Time
 
 	published, duplicates, pruned atomic.Int64
+	atomicBatches, fallbacks      atomic.Int64
 	ownedCount                    atomic.Int64
+	atomicMode                    atomic.Int32 // atomicUnknown, atomicOn or atomicOff
 }
+
+// Whether the stream takes atomic batches (atomicMode).
+const (
+	atomicUnknown int32 = iota
+	atomicOn
+	atomicOff
+)
+
+// maxAtomicBatch is nats-server's default cap on the messages of one atomic
+// batch (jetstream max_batch_size); a larger claim goes out in several.
+const maxAtomicBatch = 1000
+
+// The JetStream error codes the relay acts on.
+const (
+	errCodeAtomicPublishDisabled = 10174 // the stream does not allow atomic batches
+)
 
 // NewRelay returns a relay from db to the stream on js.
 func NewRelay(db *pgxpool.Pool, js jetstream.JetStream, logger *slog.Logger, cfg Config) *Relay {
@@ -103,13 +133,21 @@ func NewRelay(db *pgxpool.Pool, js jetstream.JetStream, logger *slog.Logger, cfg
 type Stats struct {
 	Published  int64 // rows marked published
 	Duplicates int64 // PubAcks that reported a duplicate Nats-Msg-Id
-	Pruned     int64 // published rows deleted after the retention
-	Partitions int64 // partitions owned now
+	// AtomicBatches counts batches stored by JetStream as one atomic batch;
+	// Fallbacks those it refused (a duplicate inside, most often) and the
+	// relay then published message by message.
+	AtomicBatches int64
+	Fallbacks     int64
+	Pruned        int64 // published rows deleted after the retention
+	Partitions    int64 // partitions owned now
 }
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() Stats {
-	return Stats{Published: r.published.Load(), Duplicates: r.duplicates.Load(), Pruned: r.pruned.Load(), Partitions: r.ownedCount.Load()}
+	return Stats{
+		Published: r.published.Load(), Duplicates: r.duplicates.Load(), Pruned: r.pruned.Load(), Partitions: r.ownedCount.Load(),
+		AtomicBatches: r.atomicBatches.Load(), Fallbacks: r.fallbacks.Load(),
+	}
 }
 
 // Run relays until ctx ends. It ensures the stream exists first (retrying
@@ -119,11 +157,13 @@ func (r *Relay) Stats() Stats {
 func (r *Relay) Run(ctx context.Context) {
 	defer r.release()
 	for ctx.Err() == nil {
-		if _, err := stream.Ensure(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas, DuplicateWindow: r.cfg.DuplicateWindow}); err != nil {
+		s, err := stream.Ensure(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas, DuplicateWindow: r.cfg.DuplicateWindow})
+		if err != nil {
 			r.logger.ErrorContext(ctx, "relay cannot ensure stream; retrying", "err", err)
 			sleep(ctx, 2*time.Second)
 			continue
 		}
+		r.setAtomicMode(s.CachedInfo().Config.AllowAtomicPublish)
 		break
 	}
 	go postgres.Listen(ctx, r.db, "outbox", r.logger, func(string) { r.Wake() })
@@ -296,13 +336,130 @@ func (r *Relay) RelayBatch(ctx context.Context) (claimed int, err error) {
 	return claimed, err
 }
 
-// publish sends events asynchronously and waits for their PubAcks. It returns
-// the length of the acknowledged prefix and how many of those JetStream
-// reported as duplicates, and the first error that cut the prefix short.
-// (Events after a failed one may have been stored; they are sent again with
-// it and then dropped as duplicates, so the stream may hold an aggregate's
-// events out of order. The projectors' version gate puts them right.)
+// publish publishes events, in order, and waits for JetStream to acknowledge
+// them: as atomic batches when the stream takes them, else (or when
+// JetStream refuses a batch) message by message. It returns the length of
+// the acknowledged prefix, how many of those JetStream reported as
+// duplicates, and the first error that cut the prefix short.
 func (r *Relay) publish(ctx context.Context, events []outboxRow) (acked, duplicates int, err error) {
+	if !r.atomicAllowed(ctx) {
+		return r.publishEach(ctx, events)
+	}
+	for len(events) > 0 {
+		n := min(len(events), maxAtomicBatch)
+		if err := r.publishAtomic(ctx, events[:n]); err != nil {
+			r.fallbacks.Add(1)
+			var apiErr *jetstream.APIError
+			if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeAtomicPublishDisabled {
+				r.setAtomicMode(false)
+			}
+			r.logger.DebugContext(ctx, "atomic batch refused; publishing its events one by one", "events", n, "err", err)
+			more, dups, err := r.publishEach(ctx, events)
+			return acked + more, dups, err
+		}
+		r.atomicBatches.Add(1)
+		acked += n
+		events = events[n:]
+	}
+	return acked, 0, nil
+}
+
+// atomicAllowed says whether the stream takes atomic batches, asking
+// JetStream once (Run learns it when it ensures the stream). Only a stream
+// whose server reports the setting gets them: an older server would store
+// the batch's messages one by one without acknowledging each.
+func (r *Relay) atomicAllowed(ctx context.Context) bool {
+	if r.atomicMode.Load() == atomicUnknown {
+		s, err := r.js.Stream(ctx, stream.Name)
+		if err != nil {
+			return false // ask again next batch
+		}
+		r.setAtomicMode(s.CachedInfo().Config.AllowAtomicPublish)
+	}
+	return r.atomicMode.Load() == atomicOn
+}
+
+func (r *Relay) setAtomicMode(on bool) {
+	mode := atomicOff
+	if on {
+		mode = atomicOn
+	}
+	if r.atomicMode.Swap(mode) != mode {
+		r.logger.Info("relay publish mode", "atomic_batches", on)
+	}
+}
+
+// publishAtomic publishes events as one JetStream atomic batch.
+func (r *Relay) publishAtomic(ctx context.Context, events []outboxRow) error {
+	msgs := make([]*nats.Msg, len(events))
+	for i, e := range events {
+		msgs[i] = nats.NewMsg(stream.Subject(e.EventType))
+		msgs[i].Data = e.Payload
+		msgs[i].Header.Set(jetstream.MsgIDHeader, e.ID.String())
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.AckTimeout)
+	defer cancel()
+	return PublishAtomic(ctx, r.js.Conn(), msgs)
+}
+
+// PublishAtomic publishes msgs, in order, as one JetStream atomic batch
+// (ADR-50): every message carries the batch id and its sequence in the
+// batch, the last one commits it, and the reply to the commit acknowledges
+// the whole batch once JetStream has stored it (synced to disk on a
+// `sync_interval: always` server). The messages before the commit need no
+// reply: if one of them is lost or refused, JetStream abandons the batch
+// and the reply to the commit says so (a *jetstream.APIError). At most
+// maxAtomicBatch messages.
+func PublishAtomic(ctx context.Context, nc *nats.Conn, msgs []*nats.Msg) error {
+	batchID := uuid.NewString()
+	for i, msg := range msgs {
+		msg.Header.Set(batchIDHeader, batchID)
+		msg.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
+		if i < len(msgs)-1 {
+			if err := nc.PublishMsg(msg); err != nil {
+				return fmt.Errorf("publish message %d of an atomic batch: %w", i+1, err)
+			}
+		}
+	}
+	commit := msgs[len(msgs)-1]
+	commit.Header.Set(batchCommitHeader, "1")
+	reply, err := nc.RequestMsgWithContext(ctx, commit)
+	if err != nil {
+		return fmt.Errorf("commit atomic batch of %d messages: %w", len(msgs), err)
+	}
+	var ack batchAck
+	if err := json.Unmarshal(reply.Data, &ack); err != nil {
+		return fmt.Errorf("commit atomic batch: unreadable PubAck %q: %w", reply.Data, err)
+	}
+	if ack.Error != nil {
+		return fmt.Errorf("commit atomic batch of %d messages: %w", len(msgs), ack.Error)
+	}
+	if ack.Batch != batchID || ack.Count != len(msgs) {
+		return fmt.Errorf("atomic batch %s of %d messages acknowledged as batch %q of %d", batchID, len(msgs), ack.Batch, ack.Count)
+	}
+	return nil
+}
+
+// batchAck is JetStream's reply to the commit of an atomic batch.
+type batchAck struct {
+	Error *jetstream.APIError `json:"error"`
+	Batch string              `json:"batch"`
+	Count int                 `json:"count"`
+}
+
+// The headers of a JetStream atomic batch (ADR-50).
+const (
+	batchIDHeader     = "Nats-Batch-Id"
+	batchSeqHeader    = "Nats-Batch-Sequence"
+	batchCommitHeader = "Nats-Batch-Commit"
+)
+
+// publishEach sends events asynchronously, one message each, and waits for
+// their PubAcks. (Events after a failed one may have been stored; they are
+// sent again with it and then dropped as duplicates, so the stream may hold
+// an aggregate's events out of order. The projectors' version gate puts
+// them right.)
+func (r *Relay) publishEach(ctx context.Context, events []outboxRow) (acked, duplicates int, err error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(events))
 	var sendErr error
 	for _, e := range events {

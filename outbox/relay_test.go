@@ -64,6 +64,9 @@ func TestRelayPublishesOnceAndRepublishIsAbsorbed(t *testing.T) {
 	if unpublished != 0 || relay.Stats().Published != n {
 		t.Fatalf("unpublished = %d, stats = %+v; want 0 and %d published", unpublished, relay.Stats(), n)
 	}
+	if st := relay.Stats(); st.AtomicBatches != 3 || st.Fallbacks != 0 {
+		t.Fatalf("stats = %+v; want 3 atomic batches (10 + 10 + 5 rows), no fallback", st)
+	}
 
 	// Every message carries its event id as Nats-Msg-Id, in outbox order.
 	rows, _ := db.Query(ctx, `SELECT id::text FROM outbox ORDER BY seq`)
@@ -86,7 +89,9 @@ func TestRelayPublishesOnceAndRepublishIsAbsorbed(t *testing.T) {
 	}
 
 	// A relay that crashed after publishing and before marking publishes
-	// the rows again: the stream's duplicate window drops every copy.
+	// the rows again: JetStream refuses each atomic batch, as it holds
+	// duplicates, and the relay falls back to publishing message by message,
+	// where the stream's duplicate window drops every copy.
 	if _, err := db.Exec(ctx, `UPDATE outbox SET published_at = NULL`); err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +110,9 @@ func TestRelayPublishesOnceAndRepublishIsAbsorbed(t *testing.T) {
 	}
 	if info.State.Msgs != n || relay.Stats().Duplicates != n {
 		t.Fatalf("stream holds %d messages, %d duplicates reported; want %d and %d", info.State.Msgs, relay.Stats().Duplicates, n, n)
+	}
+	if st := relay.Stats(); st.AtomicBatches != 3 || st.Fallbacks != 3 {
+		t.Fatalf("stats = %+v; want the 3 batches of the republish to fall back", st)
 	}
 }
 
@@ -249,5 +257,47 @@ func relayAll(t *testing.T, relay *outbox.Relay) {
 		if n == 0 {
 			return
 		}
+	}
+}
+
+// A stream that does not take atomic batches (created before they were
+// allowed, or on a server too old for them) still gets every event once:
+// the relay learns it from JetStream's refusal and publishes message by
+// message from then on.
+func TestRelayWithoutAtomicBatchesPublishesEachMessage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	js := testenv.JetStream(t)
+	s, err := stream.Ensure(ctx, js, stream.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := outbox.NewRelay(db, js, slog.New(slog.NewTextHandler(io.Discard, nil)), outbox.Config{BatchSize: 5})
+	createOrders(t, db, 5, "a")
+	if _, err := relay.RelayBatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := s.CachedInfo().Config
+	cfg.AllowAtomicPublish = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	createOrders(t, db, 10, "b")
+	for range 2 {
+		if _, err := relay.RelayBatch(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := unpublished(t, db); n != 0 || info.State.Msgs != 15 {
+		t.Fatalf("%d rows unpublished, stream holds %d messages; want 0 and 15", n, info.State.Msgs)
+	}
+	if st := relay.Stats(); st.AtomicBatches != 1 || st.Fallbacks != 1 || st.Duplicates != 0 {
+		t.Fatalf("stats = %+v; want 1 atomic batch, then 1 refusal and no atomic batch after it", st)
 	}
 }

@@ -51,6 +51,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstrea
 		Retention:   jetstream.LimitsPolicy,
 		Duplicates:  window,
 		Replicas:    max(set.Replicas, 1),
+		// The relay publishes each claim as one atomic batch: stored all
+		// or not at all, and synced to disk once (see package outbox).
+		AllowAtomicPublish: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create or update stream %s: %w", Name, err)

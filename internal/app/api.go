@@ -34,6 +34,7 @@ type apiConfig struct {
 	keyTTL, keyWait, janitorEvery  time.Duration
 	replicas, poolSize             int
 	relayPartitions, relayWorkers  int
+	relayBatch                     int
 	relayRetention                 time.Duration
 	logFormat, logLevel            string
 	tenant, clientName             string // token create
@@ -53,7 +54,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	var natsURL, httpAddr, tenant, name *string
 	var relay *bool
-	var replicas, poolSize, relayPartitions, relayWorkers *int
+	var replicas, poolSize, relayPartitions, relayWorkers, relayBatch *int
 	var relayRetention *time.Duration
 	var keyTTL, keyWait, janitorEvery *time.Duration
 	switch sub {
@@ -68,6 +69,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		poolSize = env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 20, "most PostgreSQL connections of this process")
 		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", 16, "most outbox partitions (of 16) this relay publishes")
 		relayWorkers = env.Int(fs, "relay-workers", "RELAY_WORKERS", 2, "relay workers in this process (each owns a share of its partitions)")
+		relayBatch = env.Int(fs, "relay-batch", "RELAY_BATCH", 500, "outbox rows per relay batch (1 to 1000, one JetStream atomic batch)")
 		relayRetention = env.Duration(fs, "relay-retention", "RELAY_RETENTION", 0, "prune published outbox rows after this long (0: keep; rebuilds need them)")
 	case "token create":
 		tenant = fs.String("tenant", "", "tenant the new client acts for (a-z, 0-9, -, _)")
@@ -89,6 +91,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		c.keyTTL, c.keyWait, c.janitorEvery = *keyTTL, *keyWait, *janitorEvery
 		c.replicas, c.poolSize = *replicas, *poolSize
 		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
+		c.relayBatch = *relayBatch
 		switch {
 		case c.keyTTL < time.Second:
 			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
@@ -102,6 +105,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-relay-partitions must be 1 to %d, got %d", outbox.Partitions, c.relayPartitions)
 		case c.relayWorkers < 1 || c.relayWorkers > c.relayPartitions:
 			return c, fmt.Errorf("-relay-workers must be 1 to -relay-partitions (%d), got %d", c.relayPartitions, c.relayWorkers)
+		case c.relayBatch < 1 || c.relayBatch > 1000:
+			return c, fmt.Errorf("-relay-batch must be 1 to 1000, got %d", c.relayBatch)
 		case c.relayRetention < 0:
 			return c, fmt.Errorf("-relay-retention must not be negative, got %s", c.relayRetention)
 		}
@@ -207,7 +212,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		share := (cfg.relayPartitions + cfg.relayWorkers - 1) / cfg.relayWorkers
 		for i := range cfg.relayWorkers {
 			relays = append(relays, outbox.NewRelay(pool, js, logger.With("component", "relay", "worker", i), outbox.Config{
-				StreamReplicas: cfg.replicas, MaxPartitions: share, Retention: cfg.relayRetention,
+				StreamReplicas: cfg.replicas, MaxPartitions: share, Retention: cfg.relayRetention, BatchSize: cfg.relayBatch,
 			}))
 		}
 		sum := func(f func(outbox.Stats) int64) func() int64 {
@@ -221,6 +226,8 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		ms = append(ms,
 			counter("relay_published_total", "outbox events published by this process's relay", sum(func(s outbox.Stats) int64 { return s.Published })),
 			counter("relay_duplicates_total", "publishes the stream dropped as duplicates (republished after a crash)", sum(func(s outbox.Stats) int64 { return s.Duplicates })),
+			counter("relay_atomic_batches_total", "batches the stream stored as one atomic batch", sum(func(s outbox.Stats) int64 { return s.AtomicBatches })),
+			counter("relay_atomic_fallbacks_total", "atomic batches the stream refused (a republished event inside) and the relay sent message by message", sum(func(s outbox.Stats) int64 { return s.Fallbacks })),
 			counter("relay_pruned_total", "published outbox rows pruned after the retention", sum(func(s outbox.Stats) int64 { return s.Pruned })),
 			metrics.Metric{Name: "relay_partitions_owned", Help: "outbox partitions this process's relay publishes",
 				Read: metrics.One(sum(func(s outbox.Stats) int64 { return s.Partitions }))})

@@ -534,12 +534,14 @@ func sleep(ctx context.Context, d time.Duration) {
 
 // PublishBenchScript renders, as a pgbench script, the database side of one
 // relay batch of n rows, from the same SQL constants: the claim (its
-// payloads read out) and the mark of exactly the claimed rows. `make bench`
-// measures its TPS × n, at as many clients as the relay has workers, as
-// the database ceiling of the relay's drain rate.
-func PublishBenchScript(n int) string {
-	all := "ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]::smallint[]"
-	claim := strings.ReplaceAll(strings.ReplaceAll(outboxClaimSQL, "$1", fmt.Sprint(n)), "$2", all)
+// payloads read out) and the mark of exactly the claimed rows. Like the
+// relay's workers, pgbench client k of `workers` claims only its own share
+// of the partitions. `make bench` measures its TPS × n, at `workers`
+// clients, as the database ceiling of the relay's drain rate.
+func PublishBenchScript(n, workers int) string {
+	share := (Partitions + workers - 1) / workers
+	owned := fmt.Sprintf("ARRAY(SELECT generate_series(:client_id * %d, :client_id * %d + %d))::smallint[]", share, share, share-1)
+	claim := strings.ReplaceAll(strings.ReplaceAll(outboxClaimSQL, "$1", fmt.Sprint(n)), "$2", owned)
 	oneLine := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	return "BEGIN;\n" +
 		// The ids go to the mark through a pgbench variable.

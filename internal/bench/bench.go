@@ -420,12 +420,16 @@ func (r *runner) drain(ctx context.Context) error {
 		return fmt.Errorf("preload outbox: %w", err)
 	}
 
-	// Relay ceiling: its batch's database work, on this backlog; then put
-	// the backlog back.
-	const relayBatch = 500
-	// Two clients, as the api's two relay workers; as many batches as the
-	// backlog holds, so that none of them finds it empty.
-	tps, err := r.pgbenchRun(ctx, "relay", outbox.PublishBenchScript(relayBatch), 2, "-t", fmt.Sprint(n/relayBatch/2))
+	// Relay ceiling: its batch's database work, on this backlog (vacuumed
+	// and analysed, as for the relay below); then put the backlog back.
+	const relayBatch, relayWorkers = 500, 2 // the api's defaults
+	if _, err := conn.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+		return err
+	}
+	// As many batches as each client's share of the backlog holds, so that
+	// none of them finds it empty.
+	tps, err := r.pgbenchRun(ctx, "relay", outbox.PublishBenchScript(relayBatch, relayWorkers), relayWorkers,
+		"-t", fmt.Sprint(n/relayBatch/relayWorkers*9/10))
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,15 @@ const (
 // Statements time out after a minute unless the url sets another
 // statement_timeout, so a stalled database cannot hold a request (or a
 // shutdown) forever.
+//
+// Every statement is planned for its own arguments and the tables' current
+// size (plan_cache_mode force_custom_plan, unless the url sets it): the
+// tables of a new deployment grow from empty far faster than autovacuum
+// analyses them, and PostgreSQL's generic plan of a prepared statement,
+// made once while a table was nearly empty, stays in use until then. That
+// is how marking a relay batch published turned into a sequential scan of
+// the whole outbox (10 ms and growing) for the first minute of `make
+// bench`. Planning these statements costs tens of microseconds.
 func Open(ctx context.Context, url string, maxConns int32, wait time.Duration, logger *slog.Logger) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -41,8 +50,10 @@ func Open(ctx context.Context, url string, maxConns int32, wait time.Duration, l
 	if maxConns > 0 && !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = maxConns
 	}
-	if _, ok := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !ok {
-		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "60s"
+	for name, value := range map[string]string{"statement_timeout": "60s", "plan_cache_mode": "force_custom_plan"} {
+		if _, ok := cfg.ConnConfig.RuntimeParams[name]; !ok {
+			cfg.ConnConfig.RuntimeParams[name] = value
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

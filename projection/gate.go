@@ -26,12 +26,19 @@ const (
 	// (so after any rebuild swap that held it).
 	sharedLockSQL = `SELECT pg_advisory_xact_lock_shared($1, hashtext($2))`
 
-	// positionsLockSQL locks the position of every aggregate of the batch.
+	// positionsLockSQL locks the position of every aggregate of the batch
+	// ($2, sorted, so that concurrent batches lock in the same order). One
+	// index probe per aggregate, whatever the table's statistics say: with
+	// "aggregate_id = ANY($2)" a table not analysed yet (a new deployment's
+	// first minute) got a plan that read every position of the projection,
+	// 15 ms a batch at 27k positions.
 	positionsLockSQL = `
-SELECT aggregate_id, version FROM projection_positions
-WHERE projection = $1 AND aggregate_id = ANY($2)
-ORDER BY aggregate_id
-FOR UPDATE`
+SELECT p.aggregate_id, p.version
+FROM unnest($2::uuid[]) AS a(id)
+CROSS JOIN LATERAL (
+    SELECT aggregate_id, version FROM projection_positions
+    WHERE projection = $1 AND aggregate_id = a.id
+    FOR UPDATE) AS p`
 
 	positionsAdvanceSQL = `
 INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)

@@ -126,6 +126,8 @@ cmd_start() {
 	if [ "$fast" = 1 ]; then
 		opts="$opts -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 	fi
+	# PG_OPTS: more server settings, e.g. PG_OPTS="-c log_min_duration_statement=5ms".
+	if [ -n "${PG_OPTS:-}" ]; then opts="$opts $PG_OPTS"; fi
 
 	local out
 	if ! out=$(as_server "$pgbin/pg_ctl" start -D "$data" -l "$serverlog" -w -t 60 -o "$opts" 2>&1); then

@@ -46,4 +46,9 @@ func TestThreeNodeClusterSurvivesANodeLoss(t *testing.T) {
 	if n := countRows(t, env, `SELECT count(*) FROM orders`); n != 3*perPhase {
 		t.Fatalf("%d orders, want %d", n, 3*perPhase)
 	}
+	// The relay published in atomic batches on the replicated stream too.
+	if n := scrape(t, api, "relay_atomic_batches_total"); n == 0 {
+		t.Fatal("the relay published no atomic batch")
+	}
+	t.Logf("%v atomic batches, %v refused and sent message by message", scrape(t, api, "relay_atomic_batches_total"), scrape(t, api, "relay_atomic_fallbacks_total"))
 }

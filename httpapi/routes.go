@@ -24,7 +24,7 @@ func (s *Server) routes() http.Handler {
 	r.Get("/metrics", metrics.Handler(s.Metrics))
 
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(s.authenticate)
+		r.Use(s.limitInFlight, s.authenticate)
 		r.Post("/orders", s.createOrder)
 		r.Get("/orders", s.listOrders)
 		r.Get("/orders/{id}", s.getOrder)

@@ -95,6 +95,9 @@ type Deps struct {
 	Details map[string]health.Detail
 	// Metrics are served at /metrics (Prometheus text format).
 	Metrics []metrics.Metric
+	// InFlight, if set, bounds the /v1 requests served at once; the rest
+	// get 429 (health and metrics endpoints are never limited).
+	InFlight *InFlightLimit
 }
 
 // MaxReadWait bounds any read-your-writes wait.

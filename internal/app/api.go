@@ -33,6 +33,7 @@ type apiConfig struct {
 	relay                          bool
 	keyTTL, keyWait, janitorEvery  time.Duration
 	replicas, poolSize             int
+	maxInFlight                    int
 	relayPartitions, relayWorkers  int
 	relayBatch                     int
 	relayRetention                 time.Duration
@@ -54,7 +55,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	var natsURL, httpAddr, tenant, name *string
 	var relay *bool
-	var replicas, poolSize, relayPartitions, relayWorkers, relayBatch *int
+	var replicas, poolSize, maxInFlight, relayPartitions, relayWorkers, relayBatch *int
 	var relayRetention *time.Duration
 	var keyTTL, keyWait, janitorEvery *time.Duration
 	switch sub {
@@ -67,6 +68,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		janitorEvery = env.Duration(fs, "idempotency-janitor-interval", "IDEMPOTENCY_JANITOR_INTERVAL", time.Minute, "how often expired keys are deleted")
 		replicas = env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream (3 on a cluster)")
 		poolSize = env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 20, "most PostgreSQL connections of this process")
+		maxInFlight = env.Int(fs, "max-in-flight", "MAX_IN_FLIGHT", httpapi.DefaultMaxInFlight, "most /v1 requests served at once; the rest get 429 with Retry-After")
 		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", 16, "most outbox partitions (of 16) this relay publishes")
 		relayWorkers = env.Int(fs, "relay-workers", "RELAY_WORKERS", 2, "relay workers in this process (each owns a share of its partitions)")
 		relayBatch = env.Int(fs, "relay-batch", "RELAY_BATCH", 500, "outbox rows per relay batch (1 to 1000, one JetStream atomic batch)")
@@ -89,7 +91,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	case "":
 		c.natsURL, c.httpAddr, c.relay = *natsURL, *httpAddr, *relay
 		c.keyTTL, c.keyWait, c.janitorEvery = *keyTTL, *keyWait, *janitorEvery
-		c.replicas, c.poolSize = *replicas, *poolSize
+		c.replicas, c.poolSize, c.maxInFlight = *replicas, *poolSize, *maxInFlight
 		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
 		c.relayBatch = *relayBatch
 		switch {
@@ -101,6 +103,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-stream-replicas must be 1 to 5, got %d", c.replicas)
 		case c.poolSize < 4:
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
+		case c.maxInFlight < 1:
+			return c, fmt.Errorf("-max-in-flight must be at least 1, got %d", c.maxInFlight)
 		case c.relayPartitions < 1 || c.relayPartitions > outbox.Partitions:
 			return c, fmt.Errorf("-relay-partitions must be 1 to %d, got %d", outbox.Partitions, c.relayPartitions)
 		case c.relayWorkers < 1 || c.relayWorkers > c.relayPartitions:
@@ -240,6 +244,10 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	changes := query.NewChanges()
 	wg.Go(func() { postgres.Listen(bgCtx, pool, "projection_applied", logger, changes.Notify) })
 
+	inFlight := httpapi.NewInFlightLimit(cfg.maxInFlight)
+	ms = append(ms,
+		counter("http_requests_shed_total", "requests answered 429 because the api was serving its -max-in-flight limit", inFlight.Shed),
+		metrics.Metric{Name: "http_requests_in_flight", Help: "/v1 requests being served now", Read: metrics.One(inFlight.InFlight)})
 	handler := httpapi.New(httpapi.Deps{
 		Logger:             logger,
 		Auth:               auth.NewClients(pool, 30*time.Second),
@@ -263,7 +271,8 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 			b, err := outbox.ReadBacklog(ctx, pool)
 			return map[string]any{"events": b.Rows, "oldest_seconds": b.OldestAge.Seconds()}, err
 		}},
-		Metrics: append(ms, backlogMetrics(ctx, pool)...),
+		Metrics:  append(ms, backlogMetrics(ctx, pool)...),
+		InFlight: inFlight,
 	})
 	// Serve returns once in-flight requests are done; the deferred stop of
 	// the background work and the connections runs after that.

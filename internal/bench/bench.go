@@ -99,11 +99,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 	}
-	if cfg.Only == "load" {
-		return r.rep, nil
-	}
-	if err := r.drain(ctx); err != nil {
-		return nil, err
+	if cfg.Only != "load" {
+		if err := r.drain(ctx); err != nil {
+			return nil, err
+		}
 	}
 	r.notePeaks()
 	for _, name := range []string{"api", "projector"} {
@@ -139,8 +138,9 @@ func (r *runner) add(row Row) {
 	if row.Met != nil {
 		met = map[bool]string{true: "  target met", false: "  target MISSED"}[*row.Met]
 	}
-	r.say("%-28s clients %-3d %10.0f/s  p50 %6.1fms p95 %6.1fms p99 %6.1fms  ceiling %8.0f  ratio %.2f%s",
-		row.Name, row.Clients, row.Rate, row.P50, row.P95, row.P99, row.Ceiling, row.Ratio, met)
+	r.notePeaks()
+	r.say("%-28s clients %-3d %10.0f/s  p50 %6.1fms p95 %6.1fms p99 %6.1fms  ceiling %8.0f  ratio %.2f%s  (peak RSS so far: api %.0f MiB)",
+		row.Name, row.Clients, row.Rate, row.P50, row.P95, row.P99, row.Ceiling, row.Ratio, met, r.peak["api"])
 }
 
 func (r *runner) find(name string, clients int) Row {
@@ -339,15 +339,20 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // which the projector's NOTIFY wakes). It does so at 25% of the maximal
 // create rate, then climbs to find the highest rate with p99 under 1 s.
 func (r *runner) endToEnd(ctx context.Context, maxCreate float64) error {
-	measure := func(rate float64) (p50, p95, p99 float64, achieved float64) {
+	// The reads reuse their connections, as a real reader's client would
+	// (the default keeps two idle connections per host, so most reads would
+	// open a connection of their own).
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
+	defer client.CloseIdleConnections()
+	measure := func(rate float64) (p50, p95, p99, achieved, failed float64) {
 		a := vegeta.NewAttacker(vegeta.Workers(64), vegeta.MaxWorkers(1024), vegeta.KeepAlive(true), vegeta.Timeout(30*time.Second))
 		var mu sync.Mutex
 		var lat []time.Duration
 		var wg sync.WaitGroup
-		client := &http.Client{Timeout: 20 * time.Second}
 		start := time.Now()
-		created := 0
+		created, sent := 0, 0
 		for res := range a.Attack(r.createTargeter(), vegeta.ConstantPacer{Freq: int(rate), Per: time.Second}, r.cfg.Phase, "e2e") {
+			sent++
 			if res.Code != http.StatusCreated {
 				continue
 			}
@@ -373,6 +378,9 @@ func (r *runner) endToEnd(ctx context.Context, maxCreate float64) error {
 		}
 		wg.Wait()
 		achieved = float64(created) / time.Since(start).Seconds()
+		if sent > 0 {
+			failed = 1 - float64(created)/float64(sent)
+		}
 		slices.Sort(lat)
 		q := func(p float64) float64 {
 			if len(lat) == 0 {
@@ -380,19 +388,27 @@ func (r *runner) endToEnd(ctx context.Context, maxCreate float64) error {
 			}
 			return ms(lat[min(len(lat)-1, int(p*float64(len(lat))))])
 		}
-		return q(0.50), q(0.95), q(0.99), achieved
+		return q(0.50), q(0.95), q(0.99), achieved, failed
 	}
 
 	rate := 0.25 * maxCreate
-	p50, p95, p99, got := measure(rate)
-	r.add(Row{Name: "end to end (25% of max)", Rate: got, P50: p50, P95: p95, P99: p99,
-		Note: "create → visible on the query side", Target: "p99 < 50 ms", Met: ptr(p99 < 50)})
+	p50, p95, p99, got, failed := measure(rate)
+	row := Row{Name: "end to end (25% of max)", Rate: got, P50: p50, P95: p95, P99: p99,
+		Note: "create → visible on the query side", Target: "p99 < 50 ms", Met: ptr(p99 < 50 && failed == 0)}
+	if failed > 0 {
+		row.Note += fmt.Sprintf("; %.2f%% of creates failed", 100*failed)
+	}
+	r.add(row)
 
+	// Sustained: p99 under 1 s and (almost) every create answered 201, not
+	// shed (429) or failed.
 	best := 0.0
 	for _, f := range []float64{0.35, 0.5, 0.7, 0.85, 1.0} {
-		_, _, p99, got := measure(f * maxCreate)
-		r.say("  end to end at %.0f%% of max create (%.0f/s offered, %.0f/s achieved): p99 %.1f ms", 100*f, f*maxCreate, got, p99)
-		if p99 >= 1000 {
+		_, _, p99, got, failed := measure(f * maxCreate)
+		r.notePeaks()
+		r.say("  end to end at %.0f%% of max create (%.0f/s offered, %.0f/s achieved, %.1f%% not created): p99 %.1f ms (peak RSS so far: api %.0f MiB)",
+			100*f, f*maxCreate, got, 100*failed, p99, r.peak["api"])
+		if p99 >= 1000 || failed > 0.01 {
 			break
 		}
 		best = got

@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -27,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/acme/orders/migrations"
+	"github.com/acme/orders/postgres"
 )
 
 const envAdminURL = "TEST_DATABASE_URL"
@@ -66,10 +68,11 @@ func DatabaseURL(tb testing.TB) string {
 	return withDatabase(tb, admin, name)
 }
 
-// DB returns a pool on a fresh, migrated database, closed when the test ends.
+// DB returns a pool on a fresh, migrated database, closed when the test
+// ends, with the session settings of the service's own pools.
 func DB(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
-	pool, err := pgxpool.New(context.Background(), DatabaseURL(tb))
+	pool, err := postgres.Open(context.Background(), DatabaseURL(tb), 0, 10*time.Second, slog.New(slog.DiscardHandler))
 	if err != nil {
 		tb.Fatalf("open test database: %v", err)
 	}

@@ -429,6 +429,9 @@ func (r *Relay) publishAtomic(ctx context.Context, events []outboxRow) error {
 // and the reply to the commit says so (a *jetstream.APIError). At most
 // maxAtomicBatch messages.
 func PublishAtomic(ctx context.Context, nc *nats.Conn, msgs []*nats.Msg) error {
+	if len(msgs) == 0 {
+		return nil
+	}
 	batchID := uuid.NewString()
 	for i, msg := range msgs {
 		msg.Header.Set(batchIDHeader, batchID)

@@ -91,6 +91,7 @@ type Relay struct {
 	atomicBatches, fallbacks      atomic.Int64
 	ownedCount                    atomic.Int64
 	atomicMode                    atomic.Int32 // atomicUnknown, atomicOn or atomicOff
+	atomicChecked                 atomic.Int64 // when atomicMode was last learned (unix ns)
 }
 
 // Whether the stream takes atomic batches (atomicMode).
@@ -106,8 +107,13 @@ const maxAtomicBatch = 1000
 
 // The JetStream error codes the relay acts on.
 const (
-	errCodeAtomicPublishDisabled = 10174 // the stream does not allow atomic batches
+	errCodeAtomicPublishDisabled   = 10174 // the stream does not allow atomic batches
+	errCodeAtomicBatchHasDuplicate = 10201 // a republished event inside: expected after a crash
 )
+
+// atomicRecheck is how often a relay that found the stream without atomic
+// batches asks again (a newer process may have allowed them since).
+const atomicRecheck = time.Minute
 
 // NewRelay returns a relay from db to the stream on js.
 func NewRelay(db *pgxpool.Pool, js jetstream.JetStream, logger *slog.Logger, cfg Config) *Relay {
@@ -220,6 +226,9 @@ FOR UPDATE SKIP LOCKED`
 
 	outboxMarkPublishedSQL = `UPDATE outbox SET published_at = now() WHERE id = ANY($1)`
 
+	// leaseSettingsSQL sets up the relay's own connection (see lease).
+	leaseSettingsSQL = `SET enable_bitmapscan = off; SET synchronous_commit = off`
+
 	outboxPruneSQL = `
 DELETE FROM outbox WHERE id IN (
     SELECT id FROM outbox
@@ -257,7 +266,7 @@ func (r *Relay) lease(ctx context.Context) (*pgx.Conn, []int16, error) {
 		// past it, the projectors' inbox) absorbs. That takes one fsync out
 		// of every relay round. The connection runs nothing but the relay's
 		// statements.
-		if _, err := conn.Exec(ctx, "SET enable_bitmapscan = off; SET synchronous_commit = off"); err != nil {
+		if _, err := conn.Exec(ctx, leaseSettingsSQL); err != nil {
 			_ = conn.Close(ctx)
 			return nil, nil, fmt.Errorf("set up the relay's connection: %w", err)
 		}
@@ -368,10 +377,15 @@ func (r *Relay) publish(ctx context.Context, events []outboxRow) (acked, duplica
 		if err := r.publishAtomic(ctx, events[:n]); err != nil {
 			r.fallbacks.Add(1)
 			var apiErr *jetstream.APIError
-			if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeAtomicPublishDisabled {
+			isAPIErr := errors.As(err, &apiErr)
+			if isAPIErr && apiErr.ErrorCode == errCodeAtomicPublishDisabled {
 				r.setAtomicMode(false)
 			}
-			r.logger.DebugContext(ctx, "atomic batch refused; publishing its events one by one", "events", n, "err", err)
+			level := slog.LevelWarn // unexpected: every refused batch costs a second publish
+			if isAPIErr && apiErr.ErrorCode == errCodeAtomicBatchHasDuplicate {
+				level = slog.LevelDebug
+			}
+			r.logger.Log(ctx, level, "atomic batch refused; publishing its events one by one", "events", n, "err", err)
 			more, dups, err := r.publishEach(ctx, events)
 			return acked + more, dups, err
 		}
@@ -383,11 +397,13 @@ func (r *Relay) publish(ctx context.Context, events []outboxRow) (acked, duplica
 }
 
 // atomicAllowed says whether the stream takes atomic batches, asking
-// JetStream once (Run learns it when it ensures the stream). Only a stream
+// JetStream when it does not know (Run learns it when it ensures the
+// stream), and again every atomicRecheck while they are off. Only a stream
 // whose server reports the setting gets them: an older server would store
 // the batch's messages one by one without acknowledging each.
 func (r *Relay) atomicAllowed(ctx context.Context) bool {
-	if r.atomicMode.Load() == atomicUnknown {
+	mode := r.atomicMode.Load()
+	if mode == atomicUnknown || mode == atomicOff && time.Since(time.Unix(0, r.atomicChecked.Load())) > atomicRecheck {
 		s, err := r.js.Stream(ctx, stream.Name)
 		if err != nil {
 			return false // ask again next batch
@@ -402,6 +418,7 @@ func (r *Relay) setAtomicMode(on bool) {
 	if on {
 		mode = atomicOn
 	}
+	r.atomicChecked.Store(time.Now().UnixNano())
 	if r.atomicMode.Swap(mode) != mode {
 		r.logger.Info("relay publish mode", "atomic_batches", on)
 	}
@@ -564,7 +581,8 @@ func PublishBenchScript(n, workers int) string {
 	owned := fmt.Sprintf("ARRAY(SELECT generate_series(:client_id * %d, :client_id * %d + %d))::smallint[]", share, share, share-1)
 	claim := strings.ReplaceAll(strings.ReplaceAll(outboxClaimSQL, "$1", fmt.Sprint(n)), "$2", owned)
 	oneLine := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	return "BEGIN;\n" +
+	return leaseSettingsSQL + ";\n" + // as on the relay's connection
+		"BEGIN;\n" +
 		// The ids go to the mark through a pgbench variable.
 		"WITH claimed AS (" + oneLine(claim) + ") SELECT coalesce(array_agg(id), '{}') AS ids, sum(length(payload::text)) AS bytes FROM claimed\n\\gset\n" +
 		oneLine(strings.ReplaceAll(outboxMarkPublishedSQL, "$1", ":ids::uuid[]")) + ";\n" +

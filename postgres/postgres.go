@@ -35,7 +35,9 @@ const (
 // shutdown) forever.
 //
 // Every statement is planned for its own arguments and the tables' current
-// size (plan_cache_mode force_custom_plan, unless the url sets it): the
+// size (plan_cache_mode force_custom_plan, unless the url sets it as a
+// parameter of its own; as startup parameters, both settings win over
+// options=-c… and ALTER ROLE/DATABASE … SET): the
 // tables of a new deployment grow from empty far faster than autovacuum
 // analyses them, and PostgreSQL's generic plan of a prepared statement,
 // made once while a table was nearly empty, stays in use until then. That

@@ -43,7 +43,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstrea
 	if set.DuplicateWindow > 0 {
 		window = set.DuplicateWindow
 	}
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	cfg := jetstream.StreamConfig{
 		Name:        Name,
 		Description: "Order events from the outbox, in per-aggregate order",
 		Subjects:    []string{Subjects},
@@ -54,8 +54,18 @@ func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstrea
 		// The relay publishes each claim as one atomic batch: stored all
 		// or not at all, and synced to disk once (see package outbox).
 		AllowAtomicPublish: true,
-	})
+	}
+	s, err := js.CreateOrUpdateStream(ctx, cfg)
 	if err != nil {
+		// A server older than 2.12 does not know atomic batches, and one
+		// that refuses unknown fields refuses the whole request: ask for
+		// the stream without them (the relay then publishes message by
+		// message).
+		cfg.AllowAtomicPublish = false
+		var retryErr error
+		if s, retryErr = js.CreateOrUpdateStream(ctx, cfg); retryErr == nil {
+			return s, nil
+		}
 		return nil, fmt.Errorf("create or update stream %s: %w", Name, err)
 	}
 	return s, nil

@@ -231,7 +231,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 			counter("relay_published_total", "outbox events published by this process's relay", sum(func(s outbox.Stats) int64 { return s.Published })),
 			counter("relay_duplicates_total", "publishes the stream dropped as duplicates (republished after a crash)", sum(func(s outbox.Stats) int64 { return s.Duplicates })),
 			counter("relay_atomic_batches_total", "batches the stream stored as one atomic batch", sum(func(s outbox.Stats) int64 { return s.AtomicBatches })),
-			counter("relay_atomic_fallbacks_total", "atomic batches the stream refused (a republished event inside) and the relay sent message by message", sum(func(s outbox.Stats) int64 { return s.Fallbacks })),
+			counter("relay_atomic_fallbacks_total", "atomic batches the stream refused and the relay sent message by message (after a crash: a republished event inside; else see the relay's warnings)", sum(func(s outbox.Stats) int64 { return s.Fallbacks })),
 			counter("relay_pruned_total", "published outbox rows pruned after the retention", sum(func(s outbox.Stats) int64 { return s.Pruned })),
 			metrics.Metric{Name: "relay_partitions_owned", Help: "outbox partitions this process's relay publishes",
 				Read: metrics.One(sum(func(s outbox.Stats) int64 { return s.Partitions }))})

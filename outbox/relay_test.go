@@ -25,12 +25,7 @@ import (
 func TestRelayPublishesOnceAndRepublishIsAbsorbed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	js := testenv.JetStream(t)
-	s, err := stream.Ensure(ctx, js, stream.Settings{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, js, s := newPipeline(t, stream.Settings{})
 
 	const n = 25
 	create := command.NewCreateOrderHandler()
@@ -121,11 +116,7 @@ func TestRelayPublishesOnceAndRepublishIsAbsorbed(t *testing.T) {
 func TestStandbyRelayTakesOver(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	js := testenv.JetStream(t)
-	if _, err := stream.Ensure(ctx, js, stream.Settings{}); err != nil {
-		t.Fatal(err)
-	}
+	db, js, _ := newPipeline(t, stream.Settings{})
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := outbox.Config{TakeoverInterval: 50 * time.Millisecond}
 	first, second := outbox.NewRelay(db, js, logger, cfg), outbox.NewRelay(db, js, logger, cfg)
@@ -159,6 +150,18 @@ func TestStandbyRelayTakesOver(t *testing.T) {
 	if second.Stats().Partitions != outbox.Partitions || second.Stats().Published != 10 {
 		t.Fatalf("standby stats %+v: want all partitions and the 10 new events", second.Stats())
 	}
+}
+
+// newPipeline returns a fresh database, a JetStream server and the stream
+// on it with settings.
+func newPipeline(t *testing.T, settings stream.Settings) (*pgxpool.Pool, jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	db, js := testenv.DB(t), testenv.JetStream(t)
+	s, err := stream.Ensure(context.Background(), js, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, js, s
 }
 
 func createOrders(t *testing.T, db *pgxpool.Pool, n int, prefix string) {
@@ -195,13 +198,8 @@ func unpublished(t *testing.T, db *pgxpool.Pool) int {
 func TestRepublishBeyondTheDuplicateWindowIsAbsorbedByTheInbox(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	js := testenv.JetStream(t)
 	const window = time.Second
-	s, err := stream.Ensure(ctx, js, stream.Settings{DuplicateWindow: window})
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, js, s := newPipeline(t, stream.Settings{DuplicateWindow: window})
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	relay := outbox.NewRelay(db, js, logger, outbox.Config{DuplicateWindow: window})
 	createOrders(t, db, 20, "w")
@@ -267,12 +265,7 @@ func relayAll(t *testing.T, relay *outbox.Relay) {
 func TestRelayWithoutAtomicBatchesPublishesEachMessage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	js := testenv.JetStream(t)
-	s, err := stream.Ensure(ctx, js, stream.Settings{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, js, s := newPipeline(t, stream.Settings{})
 	relay := outbox.NewRelay(db, js, slog.New(slog.NewTextHandler(io.Discard, nil)), outbox.Config{BatchSize: 5})
 	createOrders(t, db, 5, "a")
 	if _, err := relay.RelayBatch(ctx); err != nil {

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/acme/orders/internal/harness"
 )
 
 // stack is PostgreSQL, nats-server, one api (relay on) and one projector,
@@ -28,36 +29,21 @@ type stack struct {
 	natsSync           string // NATS_SYNC_INTERVAL; "" for always
 }
 
-func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
+// sh runs a command in the module's root, its output to scripts.log.
 func (s *stack) sh(ctx context.Context, name string, args ...string) error {
-	f, err := os.OpenFile(filepath.Join(s.dir, "scripts.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir, cmd.Stdout, cmd.Stderr = s.root, f, f
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s %s: %w (see %s/scripts.log)", name, strings.Join(args, " "), err, s.dir)
-	}
-	return nil
+	return harness.Run(ctx, s.root, filepath.Join(s.dir, "scripts.log"), name, args...)
 }
 
 func (s *stack) up(ctx context.Context) error {
-	for _, c := range []string{"api", "projector"} {
-		if err := s.sh(ctx, "go", "build", "-o", filepath.Join(s.dir, "bin", c), "./cmd/"+c); err != nil {
+	if err := harness.BuildServices(ctx, s.root, filepath.Join(s.dir, "bin"), filepath.Join(s.dir, "scripts.log")); err != nil {
+		return err
+	}
+	for _, port := range []*int{&s.pgPort, &s.natsPort, &s.apiPort, &s.projPort} {
+		var err error
+		if *port, err = harness.FreePort(); err != nil {
 			return err
 		}
 	}
-	s.pgPort, s.natsPort, s.apiPort, s.projPort = freePort(), freePort(), freePort(), freePort()
 	// PostgreSQL with its durable defaults: the numbers are those of a real
 	// deployment's commit path.
 	if err := s.sh(ctx, "scripts/pg.sh", "start", filepath.Join(s.dir, "pg"), fmt.Sprint(s.pgPort)); err != nil {

@@ -18,6 +18,8 @@ import (
 	"github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/acme/orders/internal/harness"
 )
 
 // stack is the system under test, every part a real process (PostgreSQL,
@@ -49,44 +51,24 @@ type proc struct {
 	crashes  int  // exits the harness did not cause
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// run runs a command to completion, output to the log file name in dir.
+// run runs a command in the module's root, its output to the log file
+// logName in dir.
 func (s *stack) run(ctx context.Context, logName string, name string, args ...string) error {
-	f, err := os.OpenFile(filepath.Join(s.dir, logName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir, cmd.Stdout, cmd.Stderr = s.root, f, f
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s %s: %w (see %s)", name, strings.Join(args, " "), err, filepath.Join(s.dir, logName))
-	}
-	return nil
+	return harness.Run(ctx, s.root, filepath.Join(s.dir, logName), name, args...)
 }
 
 // up builds the binaries and starts PostgreSQL, NATS, the proxies and the
 // services.
 func (s *stack) up(ctx context.Context) error {
 	s.bin = filepath.Join(s.dir, "bin")
-	for _, c := range []string{"api", "projector"} {
-		if err := s.run(ctx, "build.log", "go", "build", "-o", filepath.Join(s.bin, c), "./cmd/"+c); err != nil {
-			return err
-		}
-	}
-	var err error
-	if s.pgPort, err = freePort(); err != nil {
+	if err := harness.BuildServices(ctx, s.root, s.bin, filepath.Join(s.dir, "build.log")); err != nil {
 		return err
 	}
-	if s.natsPort, err = freePort(); err != nil {
+	var err error
+	if s.pgPort, err = harness.FreePort(); err != nil {
+		return err
+	}
+	if s.natsPort, err = harness.FreePort(); err != nil {
 		return err
 	}
 	if err := s.startPostgres(ctx); err != nil {
@@ -150,7 +132,7 @@ func (s *stack) up(ctx context.Context) error {
 	}
 	for _, svc := range services {
 		for i := 1; i <= 2; i++ {
-			port, err := freePort()
+			port, err := harness.FreePort()
 			if err != nil {
 				return err
 			}

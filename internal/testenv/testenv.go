@@ -13,7 +13,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -27,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/acme/orders/internal/harness"
 	"github.com/acme/orders/migrations"
 	"github.com/acme/orders/postgres"
 )
@@ -253,12 +253,11 @@ func NATSCluster(tb testing.TB, n int) ([]*server.Server, string) {
 
 func freePort(tb testing.TB) int {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := harness.FreePort()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // JetStream starts an embedded NATS server (see NATS) and returns a

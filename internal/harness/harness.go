@@ -1,0 +1,52 @@
+// Package harness holds what the bench (internal/bench), the fault suite
+// (internal/faults) and the tests share to run the service's processes on
+// this machine: free ports, the service binaries, and commands whose output
+// goes to a log file.
+package harness
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Run runs name with args in dir to completion, appending its output to
+// logFile; an error names the log to read.
+func Run(ctx context.Context, dir, logFile, name string, args ...string) error {
+	f, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, f, f
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w (see %s)", name, strings.Join(args, " "), err, logFile)
+	}
+	return nil
+}
+
+// BuildServices builds the api and projector binaries of the module in root
+// into binDir, logging to logFile.
+func BuildServices(ctx context.Context, root, binDir, logFile string) error {
+	for _, c := range []string{"api", "projector"} {
+		if err := Run(ctx, root, logFile, "go", "build", "-o", filepath.Join(binDir, c), "./cmd/"+c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -147,14 +147,9 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 		ids[i], tenants[i], aggs[i] = e.env.ID, e.env.TenantID, e.env.AggregateID
 		versions[i], seqs[i] = e.env.AggregateVersion, int64(e.seq)
 	}
-	rows, _ := tx.Query(ctx, inboxInsertSQL, name, ids, tenants, aggs, versions, seqs)
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	isNew, err := idSet(tx.Query(ctx, inboxInsertSQL, name, ids, tenants, aggs, versions, seqs))
 	if err != nil {
 		return fmt.Errorf("insert inbox rows: %w", err)
-	}
-	isNew := make(map[uuid.UUID]bool, len(inserted))
-	for _, id := range inserted {
-		isNew[id] = true
 	}
 
 	var apply []domain.Envelope
@@ -232,14 +227,9 @@ func (r *Runner) park(ctx context.Context, tx pgx.Tx, gaps []*event) error {
 	for i, e := range gaps {
 		aggs[i] = e.env.AggregateID
 	}
-	rows, _ := tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), aggs)
-	dead, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	isDead, err := idSet(tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), aggs))
 	if err != nil {
 		return fmt.Errorf("find dead-lettered aggregates: %w", err)
-	}
-	isDead := make(map[uuid.UUID]bool, len(dead))
-	for _, id := range dead {
-		isDead[id] = true
 	}
 	for _, e := range gaps {
 		if !isDead[e.env.AggregateID] || e.msg == nil {
@@ -251,6 +241,20 @@ func (r *Runner) park(ctx context.Context, tx pgx.Tx, gaps []*event) error {
 		e.outcome = Parked
 	}
 	return nil
+}
+
+// idSet collects the ids a query returns, one per row, as a set.
+func idSet(rows pgx.Rows, err error) (map[uuid.UUID]bool, error) {
+	if err != nil {
+		return nil, err
+	}
+	set := map[uuid.UUID]bool{}
+	var id uuid.UUID
+	_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+		set[id] = true
+		return nil
+	})
+	return set, err
 }
 
 // appliedPayloads renders the NOTIFY payloads that name the orders a batch

@@ -15,6 +15,7 @@
 # directly, so DIR/nats.pid is the server's own pid and stop really stops it.
 # Files: DIR/nats.conf, DIR/nats.log, DIR/nats.pid, DIR/jetstream/.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -25,7 +26,6 @@ usage() {
 	exit 2
 }
 
-abs_dir() { mkdir -p "$1" && (cd "$1" && pwd -P); }
 
 # pid of the server recorded in DIR, if it is alive and really nats-server.
 live_pid() {
@@ -40,13 +40,6 @@ live_pid() {
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-log_tail() {
-	if [ -r "$1" ]; then
-		echo "---- last lines of $1 ----" >&2
-		tail -n 30 "$1" >&2 || true
-		echo "----" >&2
-	fi
-}
 
 cmd_start() {
 	[ $# -eq 2 ] || usage

@@ -12,6 +12,7 @@
 # --fast disables durability (fsync, synchronous_commit, full_page_writes): tests only.
 # PostgreSQL refuses to run as root, so as root the server tools run as user "postgres".
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 die() { echo "pg.sh: $*" >&2; exit 1; }
 
@@ -45,7 +46,6 @@ find_pgbin() {
 	fi
 }
 
-abs_dir() { mkdir -p "$1" && (cd "$1" && pwd -P); }
 
 # data_dir DIR: the real data directory (symlink resolved), empty if none.
 data_dir() {
@@ -63,14 +63,6 @@ running() { # running PGBIN DATA
 	[ -n "$2" ] && [ -f "$2/PG_VERSION" ] && as_server "$1/pg_ctl" status -D "$2" >/dev/null 2>&1
 }
 
-log_tail() {
-	local log="$1"
-	if [ -r "$log" ]; then
-		echo "---- last lines of $log ----" >&2
-		tail -n 30 "$log" >&2 || true
-		echo "----" >&2
-	fi
-}
 
 cmd_start() {
 	[ $# -ge 2 ] || usage

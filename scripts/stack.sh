@@ -8,6 +8,7 @@
 #                          api.http with httpyac against it, stops everything, exits with
 #                          httpyac's status.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -82,13 +83,6 @@ else
 	trap 'exit 143' TERM
 fi
 
-log_tail() {
-	if [ -r "$1" ]; then
-		echo "---- last lines of $1 ----" >&2
-		tail -n 40 "$1" >&2 || true
-		echo "----" >&2
-	fi
-}
 
 # ---- state ----------------------------------------------------------------
 if [ "$MODE" = e2e ]; then
@@ -156,7 +150,7 @@ died() {
 	kill -0 "$pid" 2>/dev/null && return 1
 	wait "$pid" 2>/dev/null || st=$?
 	say "$name exited unexpectedly (status $st)"
-	log_tail "$STATE/$name.log"
+	log_tail "$STATE/$name.log" 40
 	return 0
 }
 
@@ -171,7 +165,7 @@ wait_ready() {
 			exit 1
 		fi
 		if [ $SECONDS -ge $deadline ]; then
-			log_tail "$STATE/$name.log"
+			log_tail "$STATE/$name.log" 40
 			say "$name did not become ready ($url != 200) within ${READY_TIMEOUT}s"
 			exit 1
 		fi
@@ -216,8 +210,8 @@ if [ "$MODE" = e2e ]; then
 	npx --yes httpyac@6 send api.http --all --var "baseUrl=http://127.0.0.1:$API_PORT" --var "token=$TOKEN" || st=$?
 	if [ "$st" != 0 ]; then
 		say "httpyac failed (status $st); service logs are in $STATE"
-		log_tail "$STATE/api.log"
-		log_tail "$STATE/projector.log"
+		log_tail "$STATE/api.log" 40
+		log_tail "$STATE/projector.log" 40
 	else
 		say "e2e passed"
 	fi

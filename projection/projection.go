@@ -5,6 +5,8 @@
 package projection
 
 import (
+	"errors"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/domain"
@@ -56,6 +58,11 @@ func (o Outcome) String() string {
 	}
 	return "unknown"
 }
+
+// ErrPermanent marks a failure that no retry can fix (an aggregate sum out of
+// range, say): the runner dead-letters such an event at once instead of
+// redelivering it with backoff. Wrap it: fmt.Errorf("%w: ...", ErrPermanent).
+var ErrPermanent = errors.New("permanent projection failure")
 
 // Projection keeps one read model up to date.
 type Projection interface {

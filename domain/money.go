@@ -8,6 +8,15 @@ import (
 // Money amounts are integer minor units (cents for EUR, yen for JPY) of one
 // ISO 4217 currency; there are no floats anywhere in the service.
 
+// MaxAmount is the largest amount, in minor units, that a unit price, a line
+// total (quantity × unit price) or an order total may hold: 10^12, ten
+// billion in a currency with two decimals. NewOrder.Validate refuses an order
+// above it, naming the field. The bound keeps every single amount far inside
+// int64 (and PostgreSQL bigint), so that the sums built from amounts can be
+// checked rather than trusted: a customer's or a day's sum reaches 2^63 only
+// after 9.2 million orders at the maximum.
+const MaxAmount int64 = 1_000_000_000_000
+
 // iso4217 holds the active ISO 4217 alphabetic codes (list one of the standard,
 // less funds and precious metals).
 var iso4217 = func() map[string]bool {

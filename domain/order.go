@@ -71,7 +71,9 @@ type NewOrder struct {
 }
 
 // Validate checks every rule of a new order and reports all violations at
-// once as a KindInvalid *Error, including totals that would overflow.
+// once as a KindInvalid *Error. Amounts are bounded by MaxAmount: a unit
+// price above it is reported as "items[i].unit_price", a line total above it
+// as "items[i].line_total", an order total above it as "total" (once).
 func (n NewOrder) Validate() error {
 	_, _, err := n.price()
 	return err
@@ -105,8 +107,8 @@ func (n NewOrder) price() ([]Item, int64, error) {
 			fe.add(path+".quantity", "must be between 1 and %d", MaxQuantity)
 			lineOK = false
 		}
-		if l.UnitPrice < 0 {
-			fe.add(path+".unit_price", "must be zero or more (integer minor units)")
+		if l.UnitPrice < 0 || l.UnitPrice > MaxAmount {
+			fe.add(path+".unit_price", "must be between 0 and %d (integer minor units)", MaxAmount)
 			lineOK = false
 		}
 		if !lineOK {
@@ -114,14 +116,14 @@ func (n NewOrder) price() ([]Item, int64, error) {
 			continue
 		}
 		lineTotal, ok := mulAmount(l.Quantity, l.UnitPrice)
-		if !ok {
-			fe.add(path+".unit_price", "quantity × unit_price overflows a 64-bit amount")
+		if !ok || lineTotal > MaxAmount {
+			fe.add(path+".line_total", "quantity × unit_price must be at most %d (integer minor units)", MaxAmount)
 			totalOK = false
 			continue
 		}
 		if totalOK {
-			if total, ok = addAmount(total, lineTotal); !ok {
-				fe.add("items", "the order total overflows a 64-bit amount")
+			if total, ok = addAmount(total, lineTotal); !ok || total > MaxAmount {
+				fe.add("total", "the sum of the line totals must be at most %d (integer minor units)", MaxAmount)
 				totalOK = false
 			}
 		}

@@ -58,15 +58,45 @@ func TestNewOrderValidate(t *testing.T) {
 		{"quantity 10001", func(n *domain.NewOrder) { n.Lines[0].Quantity = 10001 }, []string{"items[0].quantity"}},
 		{"unit price 0", func(n *domain.NewOrder) { n.Lines[0].UnitPrice = 0 }, nil},
 		{"unit price negative", func(n *domain.NewOrder) { n.Lines[0].UnitPrice = -1 }, []string{"items[0].unit_price"}},
-		{"line total overflows", func(n *domain.NewOrder) {
-			n.Lines[0] = domain.Line{SKU: "s", Quantity: 2, UnitPrice: math.MaxInt64/2 + 1}
+		{"unit price at MaxAmount", func(n *domain.NewOrder) {
+			n.Lines[0] = domain.Line{SKU: "s", Quantity: 1, UnitPrice: domain.MaxAmount}
+		}, nil},
+		{"unit price MaxAmount+1", func(n *domain.NewOrder) {
+			n.Lines[0] = domain.Line{SKU: "s", Quantity: 1, UnitPrice: domain.MaxAmount + 1}
 		}, []string{"items[0].unit_price"}},
-		{"order total overflows", func(n *domain.NewOrder) {
+		{"unit price MaxInt64", func(n *domain.NewOrder) {
+			n.Lines[0] = domain.Line{SKU: "s", Quantity: 2, UnitPrice: math.MaxInt64}
+		}, []string{"items[0].unit_price"}},
+		{"the reported order: 10 × 922337203685477580", func(n *domain.NewOrder) {
+			n.Lines[0] = domain.Line{SKU: "s", Quantity: 10, UnitPrice: 922337203685477580}
+		}, []string{"items[0].unit_price"}},
+		{"line total at MaxAmount", func(n *domain.NewOrder) {
+			n.Lines[0] = domain.Line{SKU: "s", Quantity: 10_000, UnitPrice: domain.MaxAmount / 10_000}
+		}, nil},
+		{"line total MaxAmount+2", func(n *domain.NewOrder) {
+			n.Lines[0] = domain.Line{SKU: "s", Quantity: 2, UnitPrice: domain.MaxAmount/2 + 1}
+		}, []string{"items[0].line_total"}},
+		{"line total 10000 × MaxAmount", func(n *domain.NewOrder) {
+			n.Lines[0] = domain.Line{SKU: "s", Quantity: 10_000, UnitPrice: domain.MaxAmount}
+		}, []string{"items[0].line_total"}},
+		{"order total at MaxAmount", func(n *domain.NewOrder) {
 			n.Lines = []domain.Line{
-				{SKU: "a", Quantity: 1, UnitPrice: math.MaxInt64},
+				{SKU: "a", Quantity: 1, UnitPrice: domain.MaxAmount - 1},
 				{SKU: "b", Quantity: 1, UnitPrice: 1},
 			}
-		}, []string{"items"}},
+		}, nil},
+		{"order total MaxAmount+1", func(n *domain.NewOrder) {
+			n.Lines = []domain.Line{
+				{SKU: "a", Quantity: 1, UnitPrice: domain.MaxAmount},
+				{SKU: "b", Quantity: 1, UnitPrice: 1},
+			}
+		}, []string{"total"}},
+		{"order total of 100 maximal lines", func(n *domain.NewOrder) {
+			n.Lines = lines(100)
+			for i := range n.Lines {
+				n.Lines[i] = domain.Line{SKU: "s", Quantity: 10_000, UnitPrice: domain.MaxAmount / 10_000}
+			}
+		}, []string{"total"}},
 		{"every error at once", func(n *domain.NewOrder) {
 			n.CustomerID, n.Currency = "", "x"
 			n.Lines = []domain.Line{{SKU: "", Quantity: 0, UnitPrice: -5}}
@@ -122,6 +152,15 @@ func TestCreateOrder(t *testing.T) {
 	}
 	if ev.Total != o.Total || ev.CustomerID != "c-1" || len(ev.Items) != 2 || ev.Status != domain.StatusPending {
 		t.Fatalf("event = %+v", ev)
+	}
+
+	limit := validOrder()
+	limit.Lines = []domain.Line{
+		{SKU: "a", Quantity: 4, UnitPrice: domain.MaxAmount / 8},
+		{SKU: "b", Quantity: 1, UnitPrice: domain.MaxAmount / 2},
+	}
+	if o, _, err := domain.CreateOrder(id, "t1", limit, now); err != nil || o.Total != domain.MaxAmount || o.Items[0].LineTotal != domain.MaxAmount/2 {
+		t.Fatalf("CreateOrder(at the limit) = total %d, err %v; want %d, nil", o.Total, err, domain.MaxAmount)
 	}
 
 	if _, _, err := domain.CreateOrder(id, "t1", domain.NewOrder{}, now); domain.KindOf(err) != domain.KindInvalid {

@@ -20,10 +20,12 @@ type summaryJSON struct {
 	LastOrderAt time.Time           `json:"last_order_at"`
 }
 
+// currencyTotalJSON: the amounts are JSON numbers with every digit, which
+// can pass 2^63 (see query.Amount).
 type currencyTotalJSON struct {
-	Currency string `json:"currency"`
-	Paid     int64  `json:"paid"`
-	Refunded int64  `json:"refunded"`
+	Currency string       `json:"currency"`
+	Paid     query.Amount `json:"paid"`
+	Refunded query.Amount `json:"refunded"`
 }
 
 // customerSummary handles GET /v1/customers/{id}/summary[?min_position=<order id>:<version>]:
@@ -94,11 +96,11 @@ type dailySalesJSON struct {
 }
 
 type daySalesJSON struct {
-	Day            string `json:"day"`
-	Currency       string `json:"currency"`
-	Orders         int64  `json:"orders"`
-	PaidAmount     int64  `json:"paid_amount"`
-	RefundedAmount int64  `json:"refunded_amount"`
+	Day            string       `json:"day"`
+	Currency       string       `json:"currency"`
+	Orders         int64        `json:"orders"`
+	PaidAmount     query.Amount `json:"paid_amount"`
+	RefundedAmount query.Amount `json:"refunded_amount"`
 }
 
 const dayLayout = "2006-01-02"

@@ -48,7 +48,10 @@ ON CONFLICT (tenant_id, customer_id, currency) DO UPDATE SET
 
 // Queue implements Projection: it sums the batch's deltas per summary row and
 // writes them in one statement, rows in key order (so concurrent workers
-// lock shared rows in the same order and cannot deadlock).
+// lock shared rows in the same order and cannot deadlock). A money delta that
+// would pass the int64 range is an error wrapping ErrPermanent; the columns
+// are numeric(38,0), so the stored sums themselves are exact up to 10^38 - 1
+// (past that PostgreSQL refuses the batch with a range error).
 func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
 	deltas := map[summaryKey]*summaryDelta{}
 	delta := func(tenant, customer, currency string) *summaryDelta {
@@ -83,7 +86,10 @@ func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
 			if err != nil {
 				return err
 			}
-			move(env, e.Transition).paid += e.Total
+			d := move(env, e.Transition)
+			if err := addMoney(&d.paid, e.Total, "customer "+e.CustomerID+" "+e.Currency+" total_paid"); err != nil {
+				return err
+			}
 		case domain.TypeOrderShipped:
 			e, err := decodeData[domain.OrderShipped](env)
 			if err != nil {
@@ -95,7 +101,10 @@ func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
 			if err != nil {
 				return err
 			}
-			move(env, e.Transition).refunded += e.Refunded
+			d := move(env, e.Transition)
+			if err := addMoney(&d.refunded, e.Refunded, "customer "+e.CustomerID+" "+e.Currency+" total_refunded"); err != nil {
+				return err
+			}
 		}
 	}
 	if len(deltas) == 0 {

@@ -46,7 +46,9 @@ func Day(t time.Time) time.Time {
 }
 
 // Queue implements Projection: the batch's deltas per row, written in one
-// statement in key order.
+// statement in key order. Money is checked as in CustomerSummaries: a delta
+// past the int64 range is an error wrapping ErrPermanent, and the numeric(38,0)
+// columns hold sums exactly up to 10^38 - 1.
 func (DailySales) Queue(b *pgx.Batch, events []domain.Envelope) error {
 	deltas := map[salesKey]*salesDelta{}
 	delta := func(tenant string, at time.Time, currency string) *salesDelta {
@@ -69,14 +71,20 @@ func (DailySales) Queue(b *pgx.Batch, events []domain.Envelope) error {
 			if err != nil {
 				return err
 			}
-			delta(env.TenantID, e.At, e.Currency).paid += e.Total
+			d := delta(env.TenantID, e.At, e.Currency)
+			if err := addMoney(&d.paid, e.Total, "day "+Day(e.At).Format(time.DateOnly)+" "+e.Currency+" paid_amount"); err != nil {
+				return err
+			}
 		case domain.TypeOrderCancelled:
 			e, err := decodeData[domain.OrderCancelled](env)
 			if err != nil {
 				return err
 			}
 			if e.Refunded > 0 {
-				delta(env.TenantID, e.At, e.Currency).refunded += e.Refunded
+				d := delta(env.TenantID, e.At, e.Currency)
+				if err := addMoney(&d.refunded, e.Refunded, "day "+Day(e.At).Format(time.DateOnly)+" "+e.Currency+" refunded_amount"); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -37,11 +37,12 @@ type CustomerSummary struct {
 	LastOrderAt time.Time
 }
 
-// CurrencyTotals are a customer's money in one currency.
+// CurrencyTotals are a customer's money in one currency, in minor units;
+// the sums can pass the int64 range (see Amount).
 type CurrencyTotals struct {
 	Currency string
-	Paid     int64
-	Refunded int64
+	Paid     Amount
+	Refunded Amount
 }
 
 // GetCustomerSummaryHandler handles GetCustomerSummary.

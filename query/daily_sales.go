@@ -22,13 +22,15 @@ type GetDailySales struct {
 	Currency string    // "" for all
 }
 
-// DaySales are one day's figures in one currency.
+// DaySales are one day's figures in one currency. Orders is a count (int64
+// is ample); the amounts are sums in minor units that can pass the int64
+// range (see Amount).
 type DaySales struct {
 	Day            time.Time
 	Currency       string
 	Orders         int64
-	PaidAmount     int64
-	RefundedAmount int64
+	PaidAmount     Amount
+	RefundedAmount Amount
 }
 
 // GetDailySalesHandler handles GetDailySales.

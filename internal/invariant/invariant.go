@@ -3,6 +3,10 @@
 // bookkeeping behind exactly-once projection (G4, G5). Tests, the fault
 // suite and operators run it when the system is idle; while events are in
 // flight, differences are expected.
+//
+// Money sums are compared as numeric (PostgreSQL's sum of bigint), never
+// cast to bigint: the read models hold them exactly past 2^63, and so must
+// the check.
 package invariant
 
 import (
@@ -108,8 +112,8 @@ WITH facts AS (
     SELECT tenant_id, (cancelled_at AT TIME ZONE 'UTC')::date, currency::text, 0, 0, total
     FROM orders WHERE paid_at IS NOT NULL AND cancelled_at IS NOT NULL),
 expected AS (
-    SELECT tenant_id, day, currency, sum(orders)::bigint AS orders, sum(paid)::bigint AS paid_amount,
-           sum(refunded)::bigint AS refunded_amount
+    SELECT tenant_id, day, currency, sum(orders)::bigint AS orders, sum(paid) AS paid_amount,
+           sum(refunded) AS refunded_amount -- numeric: exact past 2^63, like the read model
     FROM facts GROUP BY tenant_id, day, currency),
 actual AS (
     SELECT tenant_id, day, currency::text, orders, paid_amount, refunded_amount FROM daily_sales)

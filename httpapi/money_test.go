@@ -1,0 +1,156 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/httpapi"
+	"github.com/acme/orders/query"
+)
+
+// TestCreateOrderAmountLimits: amounts up to domain.MaxAmount are accepted
+// exactly; one minor unit more is a 422 naming the field, and writes nothing.
+func TestCreateOrderAmountLimits(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	body := func(lines string) string {
+		return `{"customer_id":"c-1","currency":"EUR","items":[` + lines + `]}`
+	}
+	line := func(qty, price int64) string {
+		return fmt.Sprintf(`{"sku":"s","quantity":%d,"unit_price":%d}`, qty, price)
+	}
+	const maxAmount = domain.MaxAmount
+
+	refused := []struct {
+		name   string
+		body   string
+		fields []string
+	}{
+		{"unit price MaxAmount+1", body(line(1, maxAmount+1)), []string{"items[0].unit_price"}},
+		{"the reported order: 10 × 922337203685477580", body(line(10, 922337203685477580)), []string{"items[0].unit_price"}},
+		{"line total MaxAmount+2", body(line(1, 1) + "," + line(2, maxAmount/2+1)), []string{"items[1].line_total"}},
+		{"order total MaxAmount+1", body(line(1, maxAmount) + "," + line(1, 1)), []string{"total"}},
+	}
+	for i, tt := range refused {
+		t.Run(tt.name, func(t *testing.T) {
+			res := a.post(t, fmt.Sprintf("over-%d", i), tt.body)
+			if res.status != http.StatusUnprocessableEntity {
+				t.Fatalf("status = %d, want 422; body %s", res.status, res.body)
+			}
+			p := decodeProblem(t, res)
+			if want := "https://orders.acme.example/problems/validation-failed"; p.Type != want {
+				t.Fatalf("type = %q, want %q", p.Type, want)
+			}
+			var fields []string
+			for _, f := range p.Errors {
+				fields = append(fields, f.Field)
+			}
+			if fmt.Sprint(fields) != fmt.Sprint(tt.fields) {
+				t.Fatalf("fields = %v, want %v (body %s)", fields, tt.fields, res.body)
+			}
+		})
+	}
+	if keys, orders, items, outbox := a.counts(t); keys+orders+items+outbox != 0 {
+		t.Fatalf("amounts over the limit wrote rows: keys=%d orders=%d items=%d outbox=%d", keys, orders, items, outbox)
+	}
+
+	// Exactly at the limit: a unit price, a line total and the order total of
+	// MaxAmount each are accepted and stored exactly.
+	for i, b := range []string{
+		body(line(1, maxAmount)),
+		body(line(10_000, maxAmount/10_000)),
+		body(line(4, maxAmount/8) + "," + line(1, maxAmount/2)),
+	} {
+		res := a.post(t, fmt.Sprintf("at-%d", i), b)
+		if res.status != http.StatusCreated {
+			t.Fatalf("order %d at the limit: status = %d, want 201; body %s", i, res.status, res.body)
+		}
+		var o struct{ Total int64 }
+		if err := json.Unmarshal(res.body, &o); err != nil || o.Total != maxAmount {
+			t.Fatalf("order %d at the limit: total %d (err %v), want %d; body %s", i, o.Total, err, maxAmount, res.body)
+		}
+	}
+	if _, orders, _, _ := a.counts(t); orders != 3 {
+		t.Fatalf("orders = %d, want 3", orders)
+	}
+}
+
+// TestReportsShowMoneySumsExactlyPastInt64: the read-model sums can pass
+// 2^63 (orders placed before domain.MaxAmount) and go up to 10^38 - 1; the
+// summary and the daily-sales report show every digit as a JSON number.
+func TestReportsShowMoneySumsExactlyPastInt64(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	handler := httpapi.New(httpapi.Deps{
+		Logger:             slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Auth:               a.clients,
+		Idempotency:        a.idem,
+		Keys:               a.idem,
+		CreateOrder:        command.NewCreateOrderHandler(),
+		PayOrder:           command.NewPayOrderHandler(),
+		ShipOrder:          command.NewShipOrderHandler(),
+		CancelOrder:        command.NewCancelOrderHandler(),
+		UpdateOrder:        command.NewUpdateOrderHandler(),
+		GetOrder:           query.NewGetOrderHandler(a.db, nil),
+		ListOrders:         query.NewListOrdersHandler(a.db),
+		GetCustomerSummary: query.NewGetCustomerSummaryHandler(a.db, query.NewChanges()),
+		GetDailySales:      query.NewGetDailySalesHandler(a.db),
+	})
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	a.url = srv.URL
+
+	const (
+		past  = "18446744073710151600"                   // 2^64 + 599,984: the report's paid sum
+		limit = "99999999999999999999999999999999999999" // 10^38 - 1: the columns' limit
+	)
+	for _, sql := range []string{`
+INSERT INTO customer_summaries (tenant_id, customer_id, currency, orders_paid, total_paid, total_refunded, last_order_at)
+VALUES ('t1', 'c-1', 'EUR', 6002, $1::numeric, 0, '2026-11-21T12:00:00Z'),
+       ('t1', 'c-1', 'JPY', 1, $2::numeric, $2::numeric, '2026-11-21T12:00:00Z')`, `
+INSERT INTO daily_sales (tenant_id, day, currency, orders, paid_amount, refunded_amount)
+VALUES ('t1', '2026-11-21', 'EUR', 6002, $1::numeric, $2::numeric)`} {
+		if _, err := a.db.Exec(context.Background(), sql, past, limit); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	res := a.do(t, http.MethodGet, "/v1/customers/c-1/summary", nil, "")
+	if res.status != http.StatusOK {
+		t.Fatalf("summary: status %d; body %s", res.status, res.body)
+	}
+	var sum struct {
+		Totals []struct {
+			Currency       string
+			Paid, Refunded json.Number
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(res.body))
+	dec.UseNumber()
+	if err := dec.Decode(&sum); err != nil {
+		t.Fatalf("summary body %s: %v", res.body, err)
+	}
+	if len(sum.Totals) != 2 || sum.Totals[0].Paid != past || sum.Totals[0].Refunded != "0" ||
+		sum.Totals[1].Paid != limit || sum.Totals[1].Refunded != limit {
+		t.Fatalf("summary totals = %+v, want EUR paid %s, JPY paid and refunded %s; body %s", sum.Totals, past, limit, res.body)
+	}
+
+	res = a.do(t, http.MethodGet, "/v1/reports/daily-sales?from=2026-11-21&to=2026-11-21", nil, "")
+	if res.status != http.StatusOK {
+		t.Fatalf("daily sales: status %d; body %s", res.status, res.body)
+	}
+	want := `"days":[{"day":"2026-11-21","currency":"EUR","orders":6002,"paid_amount":` + past + `,"refunded_amount":` + limit + `}]`
+	if !strings.Contains(string(res.body), want) {
+		t.Fatalf("daily sales body %s, want it to hold %s", res.body, want)
+	}
+}

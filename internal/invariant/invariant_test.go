@@ -1,0 +1,56 @@
+package invariant_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/acme/orders/internal/invariant"
+	"github.com/acme/orders/internal/testenv"
+)
+
+// The money invariants compare sums past 2^63 exactly (orders placed before
+// domain.MaxAmount could carry ~2^63 each): equal sums pass, a sum off by one
+// minor unit is a violation, and neither is a "bigint out of range" error.
+func TestMoneyInvariantsHoldPastInt64(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	ctx := context.Background()
+	for _, sql := range []string{`
+INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at, paid_at)
+SELECT 't1', gen_random_uuid(), 'c-1', 'paid', 'EUR', 9223372036854775807, 2, 'k' || g,
+       '2026-11-21T12:00:00Z', '2026-11-21T12:00:00Z', '2026-11-21T12:00:00Z'
+FROM generate_series(1, 2) g`, `
+INSERT INTO customer_summaries (tenant_id, customer_id, currency, orders_paid, total_paid, total_refunded, last_order_at)
+VALUES ('t1', 'c-1', 'EUR', 2, 18446744073709551614, 0, '2026-11-21T12:00:00Z')`, `
+INSERT INTO daily_sales (tenant_id, day, currency, orders, paid_amount, refunded_amount)
+VALUES ('t1', '2026-11-21', 'EUR', 2, 18446744073709551614, 0)`} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	money := func() []string {
+		t.Helper()
+		v, err := invariant.Check(ctx, db)
+		if err != nil {
+			t.Fatalf("Check: %v", err)
+		}
+		var out []string
+		for _, x := range v {
+			if strings.HasPrefix(x.Invariant, "customer summaries") || strings.HasPrefix(x.Invariant, "daily sales") {
+				out = append(out, x.String())
+			}
+		}
+		return out
+	}
+	if v := money(); len(v) != 0 {
+		t.Fatalf("exact sums past 2^63 reported as violations: %v", v)
+	}
+	if _, err := db.Exec(ctx, `UPDATE customer_summaries SET total_paid = total_paid + 1;
+UPDATE daily_sales SET paid_amount = paid_amount - 1`); err != nil {
+		t.Fatal(err)
+	}
+	if v := money(); len(v) != 2 {
+		t.Fatalf("sums off by one minor unit: violations %v, want one per read model", v)
+	}
+}

@@ -43,6 +43,7 @@ type projectorConfig struct {
 	databaseURL, natsURL, httpAddr string
 	logFormat, logLevel            string
 	runner                         projection.Config
+	inbox                          projection.InboxPruneConfig
 	poolSize                       int
 	all                            bool // dead-letters list -all
 }
@@ -86,6 +87,9 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	all := fs.Bool("all", false, "dead-letters list: also the resolved ones")
+	inboxRetention := env.Duration(fs, "inbox-retention", "INBOX_RETENTION", projection.DefaultInboxRetention,
+		"delete a projection's inbox row this long after its event was created (the version gate needs none)")
+	inboxPruneInterval := env.Duration(fs, "inbox-prune-interval", "INBOX_PRUNE_INTERVAL", projection.DefaultInboxPruneInterval, "how often expired inbox rows are pruned")
 	only := env.String(fs, "projections", "PROJECTOR_PROJECTIONS", "", "comma-separated projections this process keeps (default: all)")
 	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -114,6 +118,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		databaseURL: *databaseURL, natsURL: *natsURL, httpAddr: *httpAddr,
 		logFormat: *logFormat, logLevel: *logLevel, poolSize: *poolSize, all: *all,
 		runner: projection.Config{BatchSize: *batchSize, Workers: *workers, BatchWait: *batchWait, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas},
+		inbox:  projection.InboxPruneConfig{Retention: *inboxRetention, Interval: *inboxPruneInterval},
 	}
 	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "projector")
 	if sub != "" {
@@ -199,22 +204,33 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if sub == "status" {
 		return printStatus(ctx, runners, stdout)
 	}
-	return serveProjector(ctx, cfg, pool, nc, runners, logger)
+	names := make([]string, len(runners))
+	for i, r := range runners {
+		names[i] = r.Name()
+	}
+	pruner, err := projection.NewInboxPruner(pool, names, cfg.runner, cfg.inbox, logger)
+	if err != nil {
+		return fmt.Errorf("-inbox-retention, -inbox-prune-interval: %w", err)
+	}
+	return serveProjector(ctx, cfg, pool, nc, runners, pruner, logger)
 }
 
-func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool, nc *nats.Conn, runners []*projection.Runner, logger *slog.Logger) error {
-	// The runners and the health server stop together: when ctx ends, or
-	// when any of them fails. Each runner finishes and acks its batch in hand.
+func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool, nc *nats.Conn, runners []*projection.Runner,
+	pruner *projection.InboxPruner, logger *slog.Logger) error {
+	// The runners, the inbox pruner and the health server stop together:
+	// when ctx ends, or when any of them fails. Each runner finishes and
+	// acks its batch in hand.
 	g, gctx := errgroup.WithContext(ctx)
 	for _, r := range runners {
 		g.Go(func() error { return r.Run(gctx) })
 	}
+	g.Go(func() error { pruner.Run(gctx); return nil })
 	mux := chi.NewRouter()
 	health.Register(mux, map[string]health.Check{
 		"postgres": func(ctx context.Context) error { return pool.Ping(ctx) },
 		"nats":     NATSReady(nc),
 	}, nil)
-	mux.Get("/metrics", metrics.Handler(projectorMetrics(ctx, runners, logger)))
+	mux.Get("/metrics", metrics.Handler(projectorMetrics(ctx, runners, pruner, pool, logger)))
 	g.Go(func() error { return Serve(gctx, cfg.httpAddr, mux, logger, 5*time.Second) })
 	return g.Wait() // the deferred CloseNATS flushes the last acks
 }
@@ -224,7 +240,7 @@ func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool
 // is cheap whatever the table sizes: the counters and the applied rate are
 // in memory, and the lag gauges share one projection.Lag per runner (one
 // bounded statement and a few JetStream calls each), never the inbox.
-func projectorMetrics(ctx context.Context, runners []*projection.Runner, logger *slog.Logger) []metrics.Metric {
+func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner *projection.InboxPruner, pool *pgxpool.Pool, logger *slog.Logger) []metrics.Metric {
 	perRunner := func(name, help string, counter bool, f func(projection.Stats) int64) metrics.Metric {
 		return metrics.Metric{Name: name, Help: help, Counter: counter, Read: func() []metrics.Sample {
 			var out []metrics.Sample
@@ -268,6 +284,17 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner, logger 
 		lag("projection_ack_pending_events", "events delivered and not yet acked", func(l projection.Lag) float64 { return float64(l.AckPending) }),
 		lag("projection_oldest_unapplied_seconds", "age of the oldest event not yet applied", func(l projection.Lag) float64 { return l.OldestUnapplied.Seconds() }),
 		lag("projection_dead_letters_open", "unresolved dead letters (counted up to 10000)", func(l projection.Lag) float64 { return float64(l.DeadOpen) }),
+		{Name: "projection_inbox_pruned_total", Help: "inbox rows this process deleted past their retention", Counter: true, Read: metrics.One(pruner.Deleted)},
+		{Name: "projection_inbox_rows_estimated", Help: "inbox rows of every projection, as the planner estimates them (pg_class)", Read: func() []metrics.Sample {
+			ectx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			n, err := projection.InboxRowsEstimate(ectx, pool)
+			if err != nil {
+				logger.WarnContext(ctx, "read the inbox estimate for /metrics", "err", err)
+				return nil
+			}
+			return []metrics.Sample{{Value: float64(n)}}
+		}},
 	}
 }
 

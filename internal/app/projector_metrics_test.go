@@ -109,7 +109,11 @@ FROM generate_series(1, 5) AS g`,
 		}
 		runners = append(runners, r)
 	}
-	h := metrics.Handler(projectorMetrics(ctx, runners, logger))
+	pruner, err := projection.NewInboxPruner(pool, []string{"order_views"}, projection.Config{}, projection.InboxPruneConfig{}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := metrics.Handler(projectorMetrics(ctx, runners, pruner, pool, logger))
 	rec.take()
 
 	for scrape := range 2 {
@@ -123,6 +127,8 @@ FROM generate_series(1, 5) AS g`,
 			`orders_projection_dead_letters_open{projection="order_views"} 3`,
 			`orders_projection_dead_letters_open{projection="daily_sales"} 0`,
 			`orders_projection_pending_events{projection="customer_summaries"} 0`,
+			`orders_projection_inbox_rows_estimated 180000`,
+			`orders_projection_inbox_pruned_total 0`,
 		} {
 			if !strings.Contains(body, want+"\n") {
 				t.Errorf("scrape %d has no line %q:\n%s", scrape, want, body)

@@ -34,6 +34,12 @@ const projectorUsage = `usage:
   projector dead-letters discard [flags] ID           skip a dead letter for good, then apply what is parked behind it
 projections: order_views, customer_summaries, daily_sales`
 
+// DefaultProjectorHTTPAddr is where the projector serves /healthz, /readyz
+// and /metrics unless -http-addr, PROJECTOR_HTTP_ADDR or HTTP_ADDR (in that
+// order) says otherwise: loopback only, since /metrics is for a local
+// scraper or sidecar, not the world.
+const DefaultProjectorHTTPAddr = "127.0.0.1:8081"
+
 // projections are every read model the projector keeps.
 func projections() []projection.Projection {
 	return []projection.Projection{projection.OrderViews{}, projection.CustomerSummaries{}, projection.DailySales{}}
@@ -76,7 +82,13 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	var cfg projectorConfig
 	databaseURL := env.String(fs, "database-url", "DATABASE_URL", DefaultDatabaseURL, "PostgreSQL connection URL")
 	natsURL := env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
-	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", ":8081", "address to serve /healthz, /readyz and /metrics on")
+	// HTTP_ADDR as for the api; PROJECTOR_HTTP_ADDR wins where both
+	// processes share one environment (scripts/stack.sh sets both).
+	defaultAddr := DefaultProjectorHTTPAddr
+	if v := getenv("HTTP_ADDR"); v != "" {
+		defaultAddr = v
+	}
+	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", defaultAddr, "address to serve /healthz, /readyz and /metrics on, else $HTTP_ADDR")
 	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", 250, "most events applied in one transaction")
 	workers := env.Int(fs, "workers", "PROJECTOR_WORKERS", 2, "batches each projection applies at once in this process")
 	batchWait := env.Duration(fs, "batch-wait", "PROJECTOR_BATCH_WAIT", 0, "wait this long after a batch's first event for more (0: take what is buffered)")

@@ -29,7 +29,9 @@ var bookkeeping = []string{"projection_positions", "inbox", "projection_checkpoi
 // rebuild already applied are in the new inbox and are skipped.
 //
 // The result is exact only if the outbox still holds every event (no
-// retention pruning); see the README.
+// retention pruning); see the README. The positions of orders the retained
+// log no longer holds are kept (their read-model rows are not), so events
+// of theirs delivered again stay stale.
 func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 	start := time.Now()
 	name := r.proj.Name()
@@ -96,11 +98,13 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 				return fmt.Errorf("swap %s: %w", t, err)
 			}
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM public.projection_positions WHERE projection = $1`, name); err != nil {
-			return err
-		}
+		// Positions are merged, never dropped or lowered: an order whose
+		// events are all gone from the retained log (relay retention) is
+		// not in the shadow, and its live position is what keeps a late
+		// redelivery of its events stale once their inbox rows are pruned.
 		for _, q := range []string{
-			"INSERT INTO public.projection_positions SELECT * FROM " + schema + ".projection_positions",
+			"INSERT INTO public.projection_positions SELECT * FROM " + schema + `.projection_positions
+ON CONFLICT (projection, aggregate_id) DO UPDATE SET version = GREATEST(projection_positions.version, EXCLUDED.version)`,
 			"INSERT INTO public.inbox SELECT * FROM " + schema + ".inbox ON CONFLICT DO NOTHING",
 		} {
 			if _, err := tx.Exec(ctx, q); err != nil {

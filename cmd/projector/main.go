@@ -1,6 +1,8 @@
 // Command projector keeps the read models: it consumes the event stream and
 // applies each batch of events to its projections in one transaction with the
-// inbox, then acks. It serves /healthz and /readyz on its own port.
+// inbox, then acks. It serves /healthz, /readyz and /metrics on its own
+// address (HTTP_ADDR or PROJECTOR_HTTP_ADDR; loopback 127.0.0.1:8081 by
+// default).
 //
 // The program itself is app.RunProjector.
 package main

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -26,12 +27,18 @@ import (
 
 const projectorUsage = `usage:
   projector [flags]                                   keep every read model (serve)
-  projector status [flags]                            lag, throughput and dead letters per projection
+  projector status [flags]                            lag, checkpoint and dead letters per projection
   projector rebuild [flags] PROJECTION                rebuild a projection from the event log, live
   projector dead-letters list [-all] [flags]          unresolved dead letters (with -all: every one)
   projector dead-letters retry [flags] ID             apply a dead letter again, then what is parked behind it
   projector dead-letters discard [flags] ID           skip a dead letter for good, then apply what is parked behind it
 projections: order_views, customer_summaries, daily_sales`
+
+// DefaultProjectorHTTPAddr is where the projector serves /healthz, /readyz
+// and /metrics unless -http-addr, PROJECTOR_HTTP_ADDR or HTTP_ADDR (in that
+// order) says otherwise: loopback only, since /metrics is for a local
+// scraper or sidecar, not the world.
+const DefaultProjectorHTTPAddr = "127.0.0.1:8081"
 
 // projections are every read model the projector keeps.
 func projections() []projection.Projection {
@@ -42,6 +49,7 @@ type projectorConfig struct {
 	databaseURL, natsURL, httpAddr string
 	logFormat, logLevel            string
 	runner                         projection.Config
+	inbox                          projection.InboxPruneConfig
 	poolSize                       int
 	all                            bool // dead-letters list -all
 }
@@ -74,7 +82,13 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	var cfg projectorConfig
 	databaseURL := env.String(fs, "database-url", "DATABASE_URL", DefaultDatabaseURL, "PostgreSQL connection URL")
 	natsURL := env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
-	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", ":8081", "address to serve /healthz, /readyz and /metrics on")
+	// HTTP_ADDR as for the api; PROJECTOR_HTTP_ADDR wins where both
+	// processes share one environment (scripts/stack.sh sets both).
+	defaultAddr := DefaultProjectorHTTPAddr
+	if v := getenv("HTTP_ADDR"); v != "" {
+		defaultAddr = v
+	}
+	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", defaultAddr, "address to serve /healthz, /readyz and /metrics on, else $HTTP_ADDR")
 	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", 250, "most events applied in one transaction")
 	workers := env.Int(fs, "workers", "PROJECTOR_WORKERS", 2, "batches each projection applies at once in this process")
 	batchWait := env.Duration(fs, "batch-wait", "PROJECTOR_BATCH_WAIT", 0, "wait this long after a batch's first event for more (0: take what is buffered)")
@@ -85,6 +99,9 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	all := fs.Bool("all", false, "dead-letters list: also the resolved ones")
+	inboxRetention := env.Duration(fs, "inbox-retention", "INBOX_RETENTION", projection.DefaultInboxRetention,
+		"delete a projection's inbox row this long after its event was created (the version gate needs none)")
+	inboxPruneInterval := env.Duration(fs, "inbox-prune-interval", "INBOX_PRUNE_INTERVAL", projection.DefaultInboxPruneInterval, "how often expired inbox rows are pruned")
 	only := env.String(fs, "projections", "PROJECTOR_PROJECTIONS", "", "comma-separated projections this process keeps (default: all)")
 	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -113,6 +130,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		databaseURL: *databaseURL, natsURL: *natsURL, httpAddr: *httpAddr,
 		logFormat: *logFormat, logLevel: *logLevel, poolSize: *poolSize, all: *all,
 		runner: projection.Config{BatchSize: *batchSize, Workers: *workers, BatchWait: *batchWait, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas},
+		inbox:  projection.InboxPruneConfig{Retention: *inboxRetention, Interval: *inboxPruneInterval},
 	}
 	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "projector")
 	if sub != "" {
@@ -198,29 +216,43 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if sub == "status" {
 		return printStatus(ctx, runners, stdout)
 	}
-	return serveProjector(ctx, cfg, pool, nc, runners, logger)
+	names := make([]string, len(runners))
+	for i, r := range runners {
+		names[i] = r.Name()
+	}
+	pruner, err := projection.NewInboxPruner(pool, names, cfg.runner, cfg.inbox, logger)
+	if err != nil {
+		return fmt.Errorf("-inbox-retention, -inbox-prune-interval: %w", err)
+	}
+	return serveProjector(ctx, cfg, pool, nc, runners, pruner, logger)
 }
 
-func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool, nc *nats.Conn, runners []*projection.Runner, logger *slog.Logger) error {
-	// The runners and the health server stop together: when ctx ends, or
-	// when any of them fails. Each runner finishes and acks its batch in hand.
+func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool, nc *nats.Conn, runners []*projection.Runner,
+	pruner *projection.InboxPruner, logger *slog.Logger) error {
+	// The runners, the inbox pruner and the health server stop together:
+	// when ctx ends, or when any of them fails. Each runner finishes and
+	// acks its batch in hand.
 	g, gctx := errgroup.WithContext(ctx)
 	for _, r := range runners {
 		g.Go(func() error { return r.Run(gctx) })
 	}
+	g.Go(func() error { pruner.Run(gctx); return nil })
 	mux := chi.NewRouter()
 	health.Register(mux, map[string]health.Check{
 		"postgres": func(ctx context.Context) error { return pool.Ping(ctx) },
 		"nats":     NATSReady(nc),
 	}, nil)
-	mux.Get("/metrics", metrics.Handler(projectorMetrics(ctx, runners)))
+	mux.Get("/metrics", metrics.Handler(projectorMetrics(ctx, runners, pruner, pool, logger)))
 	g.Go(func() error { return Serve(gctx, cfg.httpAddr, mux, logger, 5*time.Second) })
 	return g.Wait() // the deferred CloseNATS flushes the last acks
 }
 
 // projectorMetrics are the counters of this process's runners and the lag
-// of each projection (shared by all workers, read at scrape time).
-func projectorMetrics(ctx context.Context, runners []*projection.Runner) []metrics.Metric {
+// of each projection (shared by all workers, read at scrape time). A scrape
+// is cheap whatever the table sizes: the counters and the applied rate are
+// in memory, and the lag gauges share one projection.Lag per runner (one
+// bounded statement and a few JetStream calls each), never the inbox.
+func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner *projection.InboxPruner, pool *pgxpool.Pool, logger *slog.Logger) []metrics.Metric {
 	perRunner := func(name, help string, counter bool, f func(projection.Stats) int64) metrics.Metric {
 		return metrics.Metric{Name: name, Help: help, Counter: counter, Read: func() []metrics.Sample {
 			var out []metrics.Sample
@@ -230,20 +262,28 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner) []metri
 			return out
 		}}
 	}
+	lags := &lagCache{ctx: ctx, runners: runners, logger: logger, maxAge: time.Second}
 	lag := func(name, help string, f func(projection.Lag) float64) metrics.Metric {
 		return metrics.Metric{Name: name, Help: help, Read: func() []metrics.Sample {
 			var out []metrics.Sample
-			for _, r := range runners {
-				lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				l, err := r.Lag(lctx)
-				cancel()
-				if err == nil {
-					out = append(out, metrics.Sample{Labels: map[string]string{"projection": r.Name()}, Value: f(l)})
-				}
+			for _, l := range lags.get() {
+				out = append(out, metrics.Sample{Labels: map[string]string{"projection": l.Projection}, Value: f(l)})
 			}
 			return out
 		}}
 	}
+	rates := make([]*rateWindow, len(runners))
+	for i := range runners {
+		rates[i] = newRateWindow(time.Now(), time.Minute)
+	}
+	applied := metrics.Metric{Name: "projection_applied_per_second", Help: "events this process applied per second over about the last minute (sum the processes for the projection's rate)",
+		Read: func() []metrics.Sample {
+			out := make([]metrics.Sample, len(runners))
+			for i, r := range runners {
+				out[i] = metrics.Sample{Labels: map[string]string{"projection": r.Name()}, Value: rates[i].observe(time.Now(), r.Stats().Applied)}
+			}
+			return out
+		}}
 	return []metrics.Metric{
 		perRunner("projection_events_applied_total", "events applied by this process", true, func(s projection.Stats) int64 { return s.Applied }),
 		perRunner("projection_duplicates_skipped_total", "redelivered or copied events skipped by the inbox", true, func(s projection.Stats) int64 { return s.Duplicates }),
@@ -251,17 +291,100 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner) []metri
 		perRunner("projection_gaps_waited_total", "events that arrived before their predecessor and were redelivered later", true, func(s projection.Stats) int64 { return s.Gaps }),
 		perRunner("projection_parked_total", "events parked behind a dead letter", true, func(s projection.Stats) int64 { return s.Parked }),
 		perRunner("projection_dead_lettered_total", "events dead-lettered (malformed included)", true, func(s projection.Stats) int64 { return s.DeadLettered + s.Malformed }),
+		applied,
 		lag("projection_pending_events", "events in the stream not yet delivered", func(l projection.Lag) float64 { return float64(l.Pending) }),
 		lag("projection_ack_pending_events", "events delivered and not yet acked", func(l projection.Lag) float64 { return float64(l.AckPending) }),
 		lag("projection_oldest_unapplied_seconds", "age of the oldest event not yet applied", func(l projection.Lag) float64 { return l.OldestUnapplied.Seconds() }),
-		lag("projection_applied_per_second", "events applied per second over the last minute, all workers", func(l projection.Lag) float64 { return float64(l.AppliedLastMinute) / 60 }),
-		lag("projection_dead_letters_open", "unresolved dead letters", func(l projection.Lag) float64 { return float64(l.DeadOpen) }),
+		lag("projection_dead_letters_open", "unresolved dead letters (counted up to 10000)", func(l projection.Lag) float64 { return float64(l.DeadOpen) }),
+		{Name: "projection_inbox_pruned_total", Help: "inbox rows this process deleted past their retention", Counter: true, Read: metrics.One(pruner.Deleted)},
+		{Name: "projection_inbox_rows_estimated", Help: "inbox rows of every projection, as the planner estimates them (pg_class)", Read: func() []metrics.Sample {
+			ectx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			n, err := projection.InboxRowsEstimate(ectx, pool)
+			if err != nil {
+				logger.WarnContext(ctx, "read the inbox estimate for /metrics", "err", err)
+				return nil
+			}
+			return []metrics.Sample{{Value: float64(n)}}
+		}},
 	}
+}
+
+// lagCache reads the Lag of every runner at most once per maxAge, so that
+// the lag gauges of one scrape share one reading instead of each reading
+// every projection again.
+type lagCache struct {
+	ctx     context.Context
+	runners []*projection.Runner
+	logger  *slog.Logger
+	maxAge  time.Duration
+
+	mu   sync.Mutex
+	at   time.Time
+	lags []projection.Lag // of the runners whose reading succeeded
+}
+
+func (c *lagCache) get() []projection.Lag {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && time.Since(c.at) < c.maxAge {
+		return c.lags
+	}
+	c.lags = c.lags[:0]
+	for _, r := range c.runners {
+		ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+		l, err := r.Lag(ctx)
+		cancel()
+		if err != nil {
+			c.logger.WarnContext(c.ctx, "read projection lag for /metrics", "projection", r.Name(), "err", err)
+			continue
+		}
+		c.lags = append(c.lags, l)
+	}
+	c.at = time.Now()
+	return c.lags
+}
+
+// rateWindow turns a counter sampled at each scrape into a rate over about
+// the last window: it keeps the samples of the last window and the newest
+// one older than that, and measures from the oldest it keeps.
+type rateWindow struct {
+	window time.Duration
+
+	mu      sync.Mutex
+	samples []rateSample // oldest first
+}
+
+type rateSample struct {
+	at time.Time
+	n  int64
+}
+
+// newRateWindow starts a window at start with the counter at zero.
+func newRateWindow(start time.Time, window time.Duration) *rateWindow {
+	return &rateWindow{window: window, samples: []rateSample{{at: start}}}
+}
+
+// observe records that the counter is at n at now and returns its rate per
+// second since the base sample.
+func (w *rateWindow) observe(now time.Time, n int64) float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.samples = append(w.samples, rateSample{at: now, n: n})
+	for len(w.samples) > 2 && now.Sub(w.samples[1].at) >= w.window {
+		w.samples = w.samples[1:]
+	}
+	base := w.samples[0]
+	dt := now.Sub(base.at).Seconds()
+	if dt <= 0 {
+		return 0
+	}
+	return float64(n-base.n) / dt
 }
 
 func printStatus(ctx context.Context, runners []*projection.Runner, stdout io.Writer) error {
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PROJECTION\tPENDING\tACK PENDING\tOLDEST UNAPPLIED\tAPPLIED/S (1 MIN)\tCHECKPOINT\tDEAD LETTERS\tPARKED")
+	fmt.Fprintln(w, "PROJECTION\tPENDING\tACK PENDING\tOLDEST UNAPPLIED\tCHECKPOINT\tDEAD LETTERS\tPARKED")
 	for _, r := range runners {
 		l, err := r.Lag(ctx)
 		if err != nil {
@@ -271,8 +394,8 @@ func printStatus(ctx context.Context, runners []*projection.Runner, stdout io.Wr
 		if l.OldestUnapplied > 0 {
 			oldest = l.OldestUnapplied.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%.1f\t%d\t%d\t%d\n", l.Projection, l.Pending, l.AckPending, oldest,
-			float64(l.AppliedLastMinute)/60, l.Checkpoint, l.DeadOpen, l.DeadParked)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\t%d\n", l.Projection, l.Pending, l.AckPending, oldest,
+			l.Checkpoint, l.DeadOpen, l.DeadParked)
 	}
 	return w.Flush()
 }

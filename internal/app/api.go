@@ -32,6 +32,8 @@ type apiConfig struct {
 	databaseURL, natsURL, httpAddr string
 	relay                          bool
 	keyTTL, keyWait, janitorEvery  time.Duration
+	keyQuota                       int
+	keyQuotaRefresh                time.Duration
 	replicas, poolSize             int
 	maxInFlight                    int
 	relayPartitions, relayWorkers  int
@@ -57,13 +59,16 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	var relay *bool
 	var replicas, poolSize, maxInFlight, relayPartitions, relayWorkers, relayBatch *int
 	var relayRetention *time.Duration
-	var keyTTL, keyWait, janitorEvery *time.Duration
+	var keyTTL, keyWait, janitorEvery, keyQuotaRefresh *time.Duration
+	var keyQuota *int
 	switch sub {
 	case "":
 		natsURL = env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
 		httpAddr = env.String(fs, "http-addr", "HTTP_ADDR", ":8080", "address to serve HTTP on")
 		relay = env.Bool(fs, "relay", "RELAY", true, "run the outbox relay in this process")
-		keyTTL = env.Duration(fs, "idempotency-ttl", "IDEMPOTENCY_TTL", 24*time.Hour, "how long an Idempotency-Key is remembered after its first use")
+		keyTTL = env.Duration(fs, "idempotency-ttl", "IDEMPOTENCY_TTL", command.DefaultKeyTTL, "how long an Idempotency-Key is remembered after its first use")
+		keyQuota = env.Int(fs, "idempotency-key-quota", "IDEMPOTENCY_KEY_QUOTA", command.DefaultKeyQuota, "most Idempotency-Keys one tenant may have stored; past it new keys get 429")
+		keyQuotaRefresh = env.Duration(fs, "idempotency-key-quota-refresh", "IDEMPOTENCY_KEY_QUOTA_REFRESH", command.DefaultKeyQuotaRefresh, "how often each api recounts a tenant's stored keys")
 		keyWait = env.Duration(fs, "idempotency-wait", "IDEMPOTENCY_WAIT", 5*time.Second, "how long a request waits for an in-flight request with its key")
 		janitorEvery = env.Duration(fs, "idempotency-janitor-interval", "IDEMPOTENCY_JANITOR_INTERVAL", time.Minute, "how often expired keys are deleted")
 		replicas = env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream (3 on a cluster)")
@@ -91,6 +96,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	case "":
 		c.natsURL, c.httpAddr, c.relay = *natsURL, *httpAddr, *relay
 		c.keyTTL, c.keyWait, c.janitorEvery = *keyTTL, *keyWait, *janitorEvery
+		c.keyQuota, c.keyQuotaRefresh = *keyQuota, *keyQuotaRefresh
 		c.replicas, c.poolSize, c.maxInFlight = *replicas, *poolSize, *maxInFlight
 		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
 		c.relayBatch = *relayBatch
@@ -180,7 +186,12 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	}
 	defer CloseNATS(nc, logger)
 
-	idem := command.NewIdempotency(pool, cfg.keyTTL)
+	idem, err := command.NewIdempotency(pool, command.IdempotencyConfig{
+		TTL: cfg.keyTTL, KeyQuota: cfg.keyQuota, KeyQuotaRefresh: cfg.keyQuotaRefresh,
+	})
+	if err != nil {
+		return err
+	}
 	counter := func(name, help string, f func() int64) metrics.Metric {
 		return metrics.Metric{Name: name, Help: help, Counter: true, Read: metrics.One(f)}
 	}

@@ -90,9 +90,8 @@ type Deps struct {
 	// for the read model by default; default 2s. Clients may ask for up to
 	// MaxReadWait with Prefer: wait=N.
 	ReadWait time.Duration
-	// Checks are the readiness checks behind /readyz, Details what else it shows.
-	Checks  map[string]health.Check
-	Details map[string]health.Detail
+	// Health answers /readyz from its last round of checks (nil: always ready).
+	Health *health.Monitor
 	// Metrics are served at /metrics (Prometheus text format).
 	Metrics []metrics.Metric
 	// InFlight, if set, bounds the /v1 requests served at once; the rest

@@ -66,6 +66,8 @@ func newAPIWith(tb testing.TB, db *pgxpool.Pool, cfg command.IdempotencyConfig) 
 		UpdateOrder: command.NewUpdateOrderHandler(),
 		GetOrder:    query.NewGetOrderHandler(db, nil),
 		ListOrders:  query.NewListOrdersHandler(db),
+
+		GetCustomerSummary: query.NewGetCustomerSummaryHandler(db, nil),
 	})
 	srv := httptest.NewServer(handler)
 	tb.Cleanup(srv.Close)

@@ -231,9 +231,9 @@ func printableASCII(s string) bool {
 
 // parseID reads a UUID path parameter; a malformed id is a 400.
 func parseID(r *http.Request, name string) (uuid.UUID, *Problem) {
-	raw := chi.URLParam(r, name)
+	raw, ok := pathParam(r, name)
 	id, err := uuid.Parse(raw)
-	if err != nil || len(raw) != 36 {
+	if !ok || err != nil || len(raw) != 36 {
 		return uuid.Nil, problem(http.StatusBadRequest, "malformed-id", "Malformed id",
 			"The "+name+" in the path must be a UUID such as 0193b1a8-7c2e-7000-8000-000000000001.")
 	}

@@ -167,6 +167,11 @@ func (p Patch) Validate() error {
 				fe.add("shipping_address."+f.name, "%s", msg)
 			}
 		}
+		if a.Name == "" || a.Line1 == "" || a.City == "" || a.PostalCode == "" || a.Country == "" {
+			// RFC 7396 would merge a nested object; an address is only
+			// meaningful whole, so a PATCH replaces it whole.
+			fe.add("shipping_address", "is replaced whole, not merged field by field: send name, line1, city, postal_code and country (line2 optional), or null to clear it")
+		}
 		if !ValidCountry(a.Country) {
 			fe.add("shipping_address.country", "must be an assigned ISO 3166-1 alpha-2 code in upper case, such as DE")
 		}

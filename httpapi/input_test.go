@@ -137,3 +137,16 @@ func TestChunkedEmptyBody(t *testing.T) {
 		t.Fatalf("chunked {}: %d, want 200", got)
 	}
 }
+
+// A PATCH's shipping_address replaces the address whole (it is not merged
+// field by field): a partial one is a 422 that says so, and changes nothing.
+func TestPatchTakesAWholeAddress(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	res := a.do(t, http.MethodPatch, "/v1/orders/"+id, map[string]string{"Idempotency-Key": "p1", "If-Match": `"1"`}, `{"shipping_address":{"city":"Paris"}}`)
+	expectProblem(t, "partial address", res, http.StatusUnprocessableEntity, "validation-failed", "")
+	if !strings.Contains(string(res.body), "replaced whole") {
+		t.Fatalf("the 422 does not say the address is replaced whole: %s", res.body)
+	}
+}

@@ -69,19 +69,43 @@ func (e *MismatchError) Error() string {
 // with the same key is safe.
 var ErrInFlight = errors.New("a request with this idempotency key is still in flight")
 
+// ErrKeyQuotaExceeded is matched (errors.Is) by the *KeyQuotaError that Do
+// returns when the request would store a new key and its tenant already has
+// as many keys stored as IdempotencyConfig.KeyQuota allows. Nothing was
+// executed or stored; a retry of a key that is stored still replays.
+var ErrKeyQuotaExceeded = errors.New("idempotency key quota exceeded")
+
+// KeyQuotaError is the error Do returns past a tenant's key quota.
+type KeyQuotaError struct {
+	Quota int
+	// RetryAfter is when this process counts the tenant's keys again: the
+	// earliest moment expired and deleted keys can make room.
+	RetryAfter time.Duration
+}
+
+func (e *KeyQuotaError) Error() string {
+	return fmt.Sprintf("%v: the tenant has %d keys stored", ErrKeyQuotaExceeded, e.Quota)
+}
+
+// Is makes errors.Is(err, ErrKeyQuotaExceeded) hold.
+func (e *KeyQuotaError) Is(target error) bool { return target == ErrKeyQuotaExceeded }
+
 // Executor runs a command inside the key's transaction and renders its
 // outcome. It returns an error only for failures that must not be stored (the
 // transaction is rolled back and the key left free for a retry). A refusal it
 // renders as a 4xx Response is stored and replayed, so it must decide to
-// refuse before it writes anything.
+// refuse before it writes anything; except a 404 (what the request names does
+// not exist), which is sent but not stored: its transaction rolls back, and
+// a retry, which finds the same nothing, gets the same answer.
 type Executor func(ctx context.Context, tx pgx.Tx) (Response, error)
 
 // Idempotency runs commands at most once per (tenant, scope, key) and replays
 // the stored response to every retry. It is safe for any number of concurrent
 // callers in any number of processes sharing the database.
 type Idempotency struct {
-	db  postgres.DB
-	ttl time.Duration
+	db    postgres.DB
+	ttl   time.Duration
+	quota *keyQuota
 
 	created, replays, mismatches, waits, waitTimeouts atomic.Int64
 }
@@ -107,23 +131,86 @@ func (s *Idempotency) Stats() IdempotencyStats {
 // long was waiting for the transaction that held it.
 const waitThreshold = 5 * time.Millisecond
 
-// NewIdempotency returns an Idempotency whose keys live for ttl after creation.
-func NewIdempotency(db postgres.DB, ttl time.Duration) *Idempotency {
-	return &Idempotency{db: db, ttl: ttl}
+// Defaults of IdempotencyConfig.
+const (
+	// DefaultKeyTTL is how long a key is remembered after its first use.
+	DefaultKeyTTL = 24 * time.Hour
+	// DefaultKeyQuota is how many keys one tenant may have stored at once:
+	// about 11 new keys per second, sustained over DefaultKeyTTL (≈ 700 MB
+	// of key rows at the ≈ 700 bytes a create's key takes).
+	DefaultKeyQuota = 1_000_000
+	// DefaultKeyQuotaRefresh is how often a process recounts a tenant's
+	// stored keys (to see keys other replicas stored and keys that expired).
+	DefaultKeyQuotaRefresh = 10 * time.Second
+)
+
+// IdempotencyConfig configures an Idempotency. A zero field takes its default.
+type IdempotencyConfig struct {
+	// TTL is how long a key is remembered after its first use, by the
+	// database clock; at least a second. Default DefaultKeyTTL.
+	TTL time.Duration
+	// KeyQuota is how many keys one tenant may have stored (expired keys
+	// count until the janitor removes them). A request that would store one
+	// more gets ErrKeyQuotaExceeded; a retry of a stored key still replays.
+	// Default DefaultKeyQuota.
+	KeyQuota int
+	// KeyQuotaRefresh is how often each process recounts a tenant's stored
+	// keys; between counts it adds the keys it stored itself, so other
+	// replicas can overshoot the quota by what they store in one interval.
+	// Default DefaultKeyQuotaRefresh.
+	KeyQuotaRefresh time.Duration
+}
+
+func (c *IdempotencyConfig) validate() error {
+	if c.TTL == 0 {
+		c.TTL = DefaultKeyTTL
+	}
+	if c.KeyQuota == 0 {
+		c.KeyQuota = DefaultKeyQuota
+	}
+	if c.KeyQuotaRefresh == 0 {
+		c.KeyQuotaRefresh = DefaultKeyQuotaRefresh
+	}
+	switch {
+	case c.TTL < time.Second:
+		return fmt.Errorf("idempotency config: TTL must be at least 1s, got %s", c.TTL)
+	case c.KeyQuota < 1:
+		return fmt.Errorf("idempotency config: KeyQuota must be at least 1, got %d", c.KeyQuota)
+	case c.KeyQuotaRefresh < 10*time.Millisecond:
+		return fmt.Errorf("idempotency config: KeyQuotaRefresh must be at least 10ms, got %s", c.KeyQuotaRefresh)
+	}
+	return nil
+}
+
+// NewIdempotency returns an Idempotency configured by cfg, or an error that
+// names the invalid field.
+func NewIdempotency(db postgres.DB, cfg IdempotencyConfig) (*Idempotency, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Idempotency{db: db, ttl: cfg.TTL, quota: newKeyQuota(db, cfg.KeyQuota, cfg.KeyQuotaRefresh)}, nil
 }
 
 // Do executes exec once for req, in one transaction with the key row, and
 // stores its response; or, if the key was used before with the same request,
-// returns the stored response with Replayed set. If a transaction holding the
+// returns the stored response with Replayed set. A 404 response is returned
+// without being stored (its ExpiresAt is zero). If a transaction holding the
 // same key is in flight, Do waits up to wait for it to end (then replays its
 // result, or executes if it rolled back), and returns ErrInFlight after that.
-// It returns a *MismatchError if the key was used with another request.
+// It returns a *MismatchError if the key was used with another request, and
+// a *KeyQuotaError (ErrKeyQuotaExceeded) if it would store a new key for a
+// tenant at its quota.
 func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Duration, exec Executor) (Result, error) {
 	canonical, err := canonicalJSON(req.Command)
 	if err != nil {
 		return Result{}, fmt.Errorf("canonical form of %s: %w", req.Scope, err)
 	}
 	fp := fingerprint(req.Scope, canonical)
+
+	reserved, err := s.quota.reserve(ctx, req.TenantID)
+	if err != nil {
+		return Result{}, err
+	}
 
 	var res Result
 	var outcome outcomes
@@ -132,6 +219,17 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 		// A key row found expired (the janitor has not removed it yet) is
 		// deleted and claimed anew; twice is enough for any race with it.
 		for range 3 {
+			if !reserved {
+				// At the quota: only a retry of a stored key gets an answer.
+				k, found, err := s.stored(ctx, tx, req)
+				if err != nil {
+					return err
+				}
+				if !found || k.expired {
+					return &KeyQuotaError{Quota: int(s.quota.limit), RetryAfter: s.quota.retryAfter()}
+				}
+				return s.replay(k, fp, canonical, &res, &outcome)
+			}
 			claimed, expiresAt, waited, err := s.claim(ctx, tx, req, fp, canonical, wait)
 			if waited {
 				outcome |= outcomeWaited
@@ -150,6 +248,12 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 				if resp.Status < 200 || resp.Status >= 500 || resp.Status == http.StatusTooManyRequests {
 					return fmt.Errorf("executor returned status %d, which is never stored", resp.Status)
 				}
+				if resp.Status == http.StatusNotFound {
+					// Nothing it names exists: nothing was touched, and a
+					// retry gets the same answer without a stored key.
+					res = Result{Response: resp}
+					return errUnstored
+				}
 				if _, err := tx.Exec(ctx, keyComplete, req.TenantID, req.Scope, req.Key, resp.Status, resp.Header, resp.Body); err != nil {
 					return fmt.Errorf("store response: %w", err)
 				}
@@ -159,14 +263,12 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 			}
 
 			// The key exists and its transaction has ended: replay or refuse.
-			var k storedKey
-			err = tx.QueryRow(ctx, keyGet, req.TenantID, req.Scope, req.Key).Scan(
-				&k.fingerprint, &k.fingerprintVersion, &k.request, &k.status, &k.header, &k.body, &k.expiresAt, &k.expired)
-			if errors.Is(err, pgx.ErrNoRows) {
-				continue // deleted by the janitor in between: claim it
-			}
+			k, found, err := s.stored(ctx, tx, req)
 			if err != nil {
-				return fmt.Errorf("read idempotency key: %w", err)
+				return err
+			}
+			if !found {
+				continue // deleted by the janitor in between: claim it
 			}
 			if k.expired {
 				if _, err := tx.Exec(ctx, keyDeleteExpired, req.TenantID, req.Scope, req.Key); err != nil {
@@ -174,31 +276,60 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 				}
 				continue
 			}
-			same := bytes.Equal(k.fingerprint, fp)
-			if k.fingerprintVersion != FingerprintVersion {
-				// Written by a release with another canonical form: the stored
-				// fingerprint cannot be compared, the stored request can.
-				same = len(differingFields(k.request, canonical)) == 0
-			}
-			if !same {
-				outcome |= outcomeMismatch
-				return &MismatchError{Fields: differingFields(k.request, canonical)}
-			}
-			res = Result{
-				Response:  Response{Status: k.status, Header: k.header, Body: k.body},
-				Replayed:  true,
-				ExpiresAt: k.expiresAt,
-			}
-			outcome |= outcomeReplay
-			return nil
+			return s.replay(k, fp, canonical, &res, &outcome)
 		}
 		return fmt.Errorf("idempotency key %q kept changing under us", req.Key)
 	})
+	if errors.Is(err, errUnstored) {
+		err = nil
+	}
+	if reserved {
+		s.quota.end(req.TenantID, outcome&outcomeCreated != 0 && err == nil)
+	}
 	s.count(outcome, err)
 	if err != nil {
 		return Result{}, err
 	}
 	return res, nil
+}
+
+// errUnstored rolls back the transaction of a response that is sent but not
+// stored.
+var errUnstored = errors.New("response not stored")
+
+// stored reads the key's stored row; found is false if there is none.
+func (s *Idempotency) stored(ctx context.Context, tx pgx.Tx, req KeyedRequest) (k storedKey, found bool, err error) {
+	err = tx.QueryRow(ctx, keyGet, req.TenantID, req.Scope, req.Key).Scan(
+		&k.fingerprint, &k.fingerprintVersion, &k.request, &k.status, &k.header, &k.body, &k.expiresAt, &k.expired)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return k, false, nil
+	}
+	if err != nil {
+		return k, false, fmt.Errorf("read idempotency key: %w", err)
+	}
+	return k, true, nil
+}
+
+// replay sets res to the stored response of k if the request is the one k
+// was stored for, and returns a *MismatchError if it is not.
+func (s *Idempotency) replay(k storedKey, fp, canonical []byte, res *Result, outcome *outcomes) error {
+	same := bytes.Equal(k.fingerprint, fp)
+	if k.fingerprintVersion != FingerprintVersion {
+		// Written by a release with another canonical form: the stored
+		// fingerprint cannot be compared, the stored request can.
+		same = len(differingFields(k.request, canonical)) == 0
+	}
+	if !same {
+		*outcome |= outcomeMismatch
+		return &MismatchError{Fields: differingFields(k.request, canonical)}
+	}
+	*res = Result{
+		Response:  Response{Status: k.status, Header: k.header, Body: k.body},
+		Replayed:  true,
+		ExpiresAt: k.expiresAt,
+	}
+	*outcome |= outcomeReplay
+	return nil
 }
 
 // outcomes of one Do, for the counters; set inside the transaction and

@@ -45,7 +45,7 @@ func TestAKeyBelongsToItsScope(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.DB(t)
-	idem := command.NewIdempotency(db, time.Hour)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
 	calls := 0
 	exec := func(context.Context, pgx.Tx) (command.Response, error) {
 		calls++
@@ -66,7 +66,7 @@ func TestOldFingerprintVersionsCompareByContent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.DB(t)
-	idem := command.NewIdempotency(db, time.Hour)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
 	req := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders", Key: "k", Command: command.CreateOrder{NewOrder: newOrder("c-1")}}
 	if _, err := idem.Do(ctx, req, time.Second, createExec(command.CreateOrder{TenantID: "t1", Key: "k", NewOrder: newOrder("c-1")})); err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func TestKilledTransactionLeavesNoKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.DB(t)
-	idem := command.NewIdempotency(db, time.Hour)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
 	cmd := command.CreateOrder{TenantID: "t1", Key: "k", NewOrder: newOrder("c-1")}
 	req := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders", Key: "k", Command: cmd}
 
@@ -134,7 +134,7 @@ func TestFailedExecutionIsNotStored(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.DB(t)
-	idem := command.NewIdempotency(db, time.Hour)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
 	req := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders", Key: "k", Command: 1}
 	boom := errors.New("boom")
 	if _, err := idem.Do(ctx, req, time.Second, func(context.Context, pgx.Tx) (command.Response, error) {
@@ -159,7 +159,7 @@ func TestShortestWaitBoundsOnlyTheClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.DB(t)
-	idem := command.NewIdempotency(db, time.Hour)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
 	const n = 200
 	errs := make(chan error, n)
 	sem := make(chan struct{}, 16)
@@ -180,5 +180,85 @@ func TestShortestWaitBoundsOnlyTheClaim(t *testing.T) {
 	}
 	if got := count(t, db, `SELECT count(*) FROM orders`); got != n {
 		t.Fatalf("%d orders, want %d", got, n)
+	}
+}
+
+func newIdem(tb testing.TB, db *pgxpool.Pool, cfg command.IdempotencyConfig) *command.Idempotency {
+	tb.Helper()
+	idem, err := command.NewIdempotency(db, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return idem
+}
+
+func TestIdempotencyConfigIsValidated(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []command.IdempotencyConfig{
+		{TTL: time.Millisecond}, {KeyQuota: -1}, {KeyQuotaRefresh: time.Microsecond},
+	} {
+		if _, err := command.NewIdempotency(nil, cfg); err == nil {
+			t.Errorf("NewIdempotency(%+v) accepted an invalid config", cfg)
+		}
+	}
+	if _, err := command.NewIdempotency(nil, command.IdempotencyConfig{}); err != nil {
+		t.Errorf("the zero config (all defaults) was refused: %v", err)
+	}
+}
+
+// Past its quota a tenant stores no new key (ErrKeyQuotaExceeded, nothing
+// written), a retry of a stored key still replays, and another tenant is
+// not affected.
+func TestKeyQuota(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour, KeyQuota: 3, KeyQuotaRefresh: time.Hour})
+	do := func(tenant, key string) (command.Result, error) {
+		cmd := command.CreateOrder{TenantID: tenant, Key: key, NewOrder: newOrder("c-1")}
+		return idem.Do(ctx, command.KeyedRequest{TenantID: tenant, Scope: "POST /v1/orders", Key: key, Command: cmd}, time.Second, createExec(cmd))
+	}
+	for i := range 3 {
+		if _, err := do("t1", "k"+strconv.Itoa(i)); err != nil {
+			t.Fatalf("key %d of 3: %v", i, err)
+		}
+	}
+	_, err := do("t1", "k3")
+	var qe *command.KeyQuotaError
+	if !errors.Is(err, command.ErrKeyQuotaExceeded) || !errors.As(err, &qe) || qe.RetryAfter <= 0 {
+		t.Fatalf("fourth key: err %v; want ErrKeyQuotaExceeded with a RetryAfter", err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM idempotency_keys WHERE tenant_id = 't1'`); n != 3 {
+		t.Fatalf("%d keys stored for t1, want 3", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM orders`); n != 3 {
+		t.Fatalf("%d orders, want 3", n)
+	}
+	if res, err := do("t1", "k1"); err != nil || !res.Replayed {
+		t.Fatalf("retry of a stored key at the quota: %+v %v; want a replay", res, err)
+	}
+	if res, err := do("t2", "k3"); err != nil || res.Replayed {
+		t.Fatalf("another tenant: %+v %v; want a fresh execution", res, err)
+	}
+}
+
+// A refusal that names nothing that exists (404) touches nothing and is not
+// stored: the key stays free, and a retry gets the same answer anyway.
+func TestNotFoundIsNotStored(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
+	req := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders/{id}/pay", Key: "k", Command: 1}
+	for range 2 {
+		res, err := idem.Do(ctx, req, time.Second, func(context.Context, pgx.Tx) (command.Response, error) {
+			return command.Response{Status: http.StatusNotFound, Body: []byte("no such order")}, nil
+		})
+		if err != nil || res.Status != http.StatusNotFound || res.Replayed || !res.ExpiresAt.IsZero() {
+			t.Fatalf("404: %+v %v; want an unstored 404", res, err)
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+		t.Fatalf("%d keys stored for a 404", n)
 	}
 }

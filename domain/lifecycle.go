@@ -3,7 +3,6 @@ package domain
 import (
 	"fmt"
 	"time"
-	"unicode/utf8"
 )
 
 // The lifecycle of an order:
@@ -95,10 +94,10 @@ func (o *Order) Cancel(reason string, now time.Time) (Event, error) {
 }
 
 // ValidateReason checks a cancellation reason: 1 to MaxReasonLen characters
-// of text without control characters.
+// of one line of text (see checkText for what text may not hold).
 func ValidateReason(reason string) error {
 	var fe fieldErrors
-	if msg := checkText(reason, 1, MaxReasonLen); msg != "" {
+	if msg := checkText(reason, 1, MaxReasonLen, singleLine); msg != "" {
 		fe.add("reason", "%s", msg)
 	}
 	return fe.err("the cancellation is invalid")
@@ -164,16 +163,21 @@ func (p Patch) Validate() error {
 			{"name", a.Name, 1, 200}, {"line1", a.Line1, 1, 200}, {"line2", a.Line2, 0, 200},
 			{"city", a.City, 1, 100}, {"postal_code", a.PostalCode, 1, 20},
 		} {
-			if msg := checkText(f.value, f.min, f.max); msg != "" {
+			if msg := checkText(f.value, f.min, f.max, singleLine); msg != "" {
 				fe.add("shipping_address."+f.name, "%s", msg)
 			}
 		}
-		if len(a.Country) != 2 || a.Country[0] < 'A' || a.Country[0] > 'Z' || a.Country[1] < 'A' || a.Country[1] > 'Z' {
-			fe.add("shipping_address.country", "must be an ISO 3166-1 alpha-2 code in upper case, such as DE")
+		if a.Name == "" || a.Line1 == "" || a.City == "" || a.PostalCode == "" || a.Country == "" {
+			// RFC 7396 would merge a nested object; an address is only
+			// meaningful whole, so a PATCH replaces it whole.
+			fe.add("shipping_address", "is replaced whole, not merged field by field: send name, line1, city, postal_code and country (line2 optional), or null to clear it")
+		}
+		if !ValidCountry(a.Country) {
+			fe.add("shipping_address.country", "must be an assigned ISO 3166-1 alpha-2 code in upper case, such as DE")
 		}
 	}
 	if p.SetNote {
-		if msg := checkText(p.Note, 0, MaxNoteLen); msg != "" {
+		if msg := checkText(p.Note, 0, MaxNoteLen, multiLine); msg != "" {
 			fe.add("note", "%s", msg)
 		}
 	}
@@ -214,25 +218,4 @@ func (o *Order) Update(p Patch, expectedVersion int64, now time.Time) (Event, er
 
 func sameAddress(a, b *Address) bool {
 	return a == b || a != nil && b != nil && *a == *b
-}
-
-// checkText returns "" if s is valid UTF-8 of min to max characters with no
-// control characters other than newline and tab, else what is wrong.
-func checkText(s string, min, max int) string {
-	if !utf8.ValidString(s) {
-		return "must be valid UTF-8"
-	}
-	n := utf8.RuneCountInString(s)
-	switch {
-	case n < min && min == 1:
-		return "is required"
-	case n < min || n > max:
-		return fmt.Sprintf("must be %d to %d characters", min, max)
-	}
-	for _, r := range s {
-		if (r < 0x20 && r != '\n' && r != '\t') || r == 0x7f {
-			return "must not contain control characters"
-		}
-	}
-	return ""
 }

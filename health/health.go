@@ -1,79 +1,192 @@
 // Package health serves the liveness and readiness endpoints that every
 // process of the service exposes.
+//
+// /readyz is public and may be called by anything that can reach the port,
+// as often as it likes, so it never runs a check itself: a Monitor runs the
+// checks in the background and /readyz answers from the state it last saw.
+// The answer says only which dependency is up; why one is down (an error
+// text, which may name hosts, users or databases) goes to the logs.
 package health
 
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // Check reports whether one dependency is usable; nil means it is.
 type Check func(ctx context.Context) error
 
-// Detail is information /readyz shows without judging it (a backlog, say).
-type Detail func(ctx context.Context) (any, error)
+// Defaults of Config.
+const (
+	// DefaultInterval is how often the checks run.
+	DefaultInterval = 2 * time.Second
+	// DefaultTimeout bounds one run of each check.
+	DefaultTimeout = 2 * time.Second
+)
 
-// Register adds GET /healthz (the process is alive: always 200) and GET
-// /readyz (every check passes within two seconds: 200, else 503, with each
-// check's result and the details in the JSON body) to mux.
-func Register(mux interface {
-	Get(pattern string, h http.HandlerFunc)
-}, checks map[string]Check, details map[string]Detail) {
-	mux.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	mux.Get("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		results := make(map[string]string, len(checks))
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		status := http.StatusOK
-		for name, check := range checks {
-			wg.Go(func() {
-				res := "ok"
-				if err := check(ctx); err != nil {
-					res = err.Error()
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				results[name] = res
-				if res != "ok" {
-					status = http.StatusServiceUnavailable
-				}
-			})
+// Config configures a Monitor. A zero field takes its default.
+type Config struct {
+	// Interval is how often the checks run; default DefaultInterval.
+	Interval time.Duration
+	// Timeout bounds each check's run; default DefaultTimeout.
+	Timeout time.Duration
+}
+
+// Monitor runs readiness checks in the background and holds their last
+// results for /readyz. Until its first round of checks has finished it
+// reports not ready.
+type Monitor struct {
+	checks map[string]Check
+	cfg    Config
+	logger *slog.Logger
+
+	state atomic.Pointer[state]
+	last  map[string]string // each check's last error text ("" when up); Run's own
+}
+
+// state is what /readyz answers, rendered once per round.
+type state struct {
+	status int
+	body   []byte
+}
+
+// NewMonitor returns a Monitor of checks, which logs with logger. It
+// returns an error naming an invalid Config field. Start it with Run.
+func NewMonitor(checks map[string]Check, logger *slog.Logger, cfg Config) (*Monitor, error) {
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	switch {
+	case cfg.Interval < 10*time.Millisecond:
+		return nil, fmt.Errorf("health config: Interval must be at least 10ms, got %s", cfg.Interval)
+	case cfg.Timeout < time.Millisecond:
+		return nil, fmt.Errorf("health config: Timeout must be at least 1ms, got %s", cfg.Timeout)
+	case logger == nil:
+		return nil, fmt.Errorf("health: a logger is required")
+	}
+	m := &Monitor{checks: maps.Clone(checks), cfg: cfg, logger: logger, last: map[string]string{}}
+	results := map[string]bool{}
+	for name := range checks {
+		results[name] = false
+	}
+	m.state.Store(render(results, "starting"))
+	return m, nil
+}
+
+// Run runs every check now and then every Interval, until ctx ends. Call it
+// once, in a goroutine its owner joins.
+func (m *Monitor) Run(ctx context.Context) {
+	t := time.NewTicker(m.cfg.Interval)
+	defer t.Stop()
+	for {
+		m.refresh(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
-		info := make(map[string]any, len(details))
-		for name, detail := range details {
-			wg.Go(func() {
-				v, err := detail(ctx)
-				if err != nil {
-					v = err.Error()
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				info[name] = v
-			})
+	}
+}
+
+// refresh runs every check at once, logs what changed and stores the answer.
+func (m *Monitor) refresh(parent context.Context) {
+	ctx, cancel := context.WithTimeout(parent, m.cfg.Timeout)
+	defer cancel()
+	errs := make(map[string]error, len(m.checks))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for name, check := range m.checks {
+		wg.Go(func() {
+			err := check(ctx)
+			mu.Lock()
+			defer mu.Unlock()
+			errs[name] = err
+		})
+	}
+	wg.Wait()
+	if parent.Err() != nil {
+		return // shutting down: keep the last state
+	}
+	results := make(map[string]bool, len(errs))
+	for _, name := range slices.Sorted(maps.Keys(errs)) {
+		err := errs[name]
+		results[name] = err == nil
+		text := ""
+		if err != nil {
+			text = err.Error()
 		}
-		wg.Wait()
-		word := "ok"
-		if status != http.StatusOK {
+		prev, seen := m.last[name]
+		switch {
+		case err != nil && (!seen || text != prev):
+			m.logger.WarnContext(ctx, "readiness check failed", "check", name, "err", err)
+		case err == nil && seen && prev != "":
+			m.logger.InfoContext(ctx, "readiness check recovered", "check", name)
+		}
+		m.last[name] = text
+	}
+	word := "ok"
+	for _, up := range results {
+		if !up {
 			word = "unavailable"
 		}
-		body := map[string]any{"status": word, "checks": results}
-		if len(info) > 0 {
-			body["details"] = info
+	}
+	m.state.Store(render(results, word))
+}
+
+func render(results map[string]bool, word string) *state {
+	checks := make(map[string]string, len(results))
+	for name, up := range results {
+		checks[name] = "down"
+		if up {
+			checks[name] = "ok"
 		}
-		writeJSON(w, status, body)
+	}
+	status := http.StatusOK
+	if word != "ok" {
+		status = http.StatusServiceUnavailable
+	}
+	b, err := json.Marshal(map[string]any{"status": word, "checks": checks})
+	if err != nil { // cannot happen: strings only
+		panic(err)
+	}
+	return &state{status: status, body: append(b, '\n')}
+}
+
+// Register adds GET /healthz (the process is alive: always 200) and GET
+// /readyz (200 if every check of m passed in its last round, else 503; the
+// body names each check with "ok" or "down", nothing more) to mux. /readyz
+// runs no check: it answers from m's last round. A nil m has no checks and is
+// always ready.
+func Register(mux interface {
+	Get(pattern string, h http.HandlerFunc)
+}, m *Monitor) {
+	mux.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		write(w, http.StatusOK, []byte(`{"status":"ok"}`+"\n"))
+	})
+	ready := render(nil, "ok")
+	mux.Get("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		st := ready
+		if m != nil {
+			st = m.state.Load()
+		}
+		write(w, st.status, st.body)
 	})
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+func write(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(body)
 }

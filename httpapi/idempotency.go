@@ -122,7 +122,9 @@ func (s *Server) keyed(w http.ResponseWriter, r *http.Request, key, scope string
 	if res.Replayed {
 		h.Set("Idempotent-Replayed", "true")
 	}
-	h.Set("Idempotency-Key-Expires", res.ExpiresAt.UTC().Format(http.TimeFormat))
+	if !res.ExpiresAt.IsZero() { // a 404 is not stored
+		h.Set("Idempotency-Key-Expires", res.ExpiresAt.UTC().Format(http.TimeFormat))
+	}
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(res.Status)
 	_, _ = w.Write(res.Body)

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,10 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/acme/orders/domain"
 )
@@ -23,26 +27,28 @@ var errTrailingData = errors.New("trailing data after the JSON object")
 // detail says what is wrong and, for a wrong type, where.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
+		mt, params, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
 			return problem(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 				"Send the body as application/json.")
 		}
+		if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+			return problem(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+				"Send the body as UTF-8 (charset=utf-8, or no charset), not "+strconv.Quote(cs)+".")
+		}
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err == nil {
-		// Only whitespace may follow the object.
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errTrailingData
-			if errors.As(terr, new(*http.MaxBytesError)) {
-				err = terr
-			}
+		if len(bytes.TrimSpace(body)) == 0 {
+			err = io.EOF
+		} else {
+			err = strictUnmarshal(body, v)
 		}
 	}
 	if err == nil {
-		return nil
+		// Unknown fields are refused above, but encoding/json matches names
+		// case-insensitively and lets the last of two equal names win.
+		return checkKeys(body, reflect.TypeOf(v), "")
 	}
 
 	var syntaxErr *json.SyntaxError
@@ -115,19 +121,164 @@ func (s *Server) decodeOptional(w http.ResponseWriter, r *http.Request, v any) b
 	if r.ContentLength == 0 {
 		return true
 	}
-	if p := decodeJSON(w, r, v); p != nil {
-		if r.ContentLength < 0 && strings.Contains(p.Detail, "empty") {
-			return true // a chunked, empty body
+	if r.ContentLength < 0 { // chunked: empty only if no byte comes
+		br := bufio.NewReader(r.Body)
+		if _, err := br.Peek(1); err == io.EOF {
+			return true
 		}
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{br, r.Body}
+	}
+	if p := decodeJSON(w, r, v); p != nil {
 		writeProblem(w, r, s.Logger, p, nil)
 		return false
 	}
 	return true
 }
 
-// strictUnmarshal decodes one JSON value into v, refusing unknown fields.
+// strictUnmarshal decodes one JSON value into v, refusing unknown fields
+// and anything but whitespace after the value.
 func strictUnmarshal(b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	return dec.Decode(v)
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errTrailingData
+	}
+	return nil
+}
+
+var rawMessageType = reflect.TypeFor[json.RawMessage]()
+
+// checkKeys refuses, at every level of the JSON value body (already decoded
+// into a value of type t without error), an object that names a key twice
+// (also in another case: encoding/json would let the last one win) and a key
+// that names a field of t other than in its exact spelling (encoding/json
+// matches names case-insensitively). Its problem names the key's path
+// (below path, which names where body sits in the request).
+func checkKeys(body []byte, t reflect.Type, path string) *Problem {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	field, detail, err := walkKeys(dec, t, path)
+	if err != nil || detail == "" {
+		return nil // cannot happen: the body decoded before
+	}
+	p := problem(http.StatusBadRequest, "malformed-request", "Malformed request body",
+		"Every key may appear once per object, spelled exactly as documented.")
+	p.Errors = []domain.FieldError{{Field: field, Detail: detail}}
+	return p
+}
+
+// walkKeys reads one JSON value from dec, checking its keys against t (nil:
+// any keys, duplicates still refused). It returns the path of the first bad
+// key and what is wrong with it, or detail "" if all are well.
+func walkKeys(dec *json.Decoder, t reflect.Type, path string) (field, detail string, err error) {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == rawMessageType || (t != nil && t.Kind() == reflect.Interface) {
+		t = nil
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return "", "", err
+	}
+	switch tok {
+	case json.Delim('{'):
+		fields := structFields(t)
+		seen := map[string]bool{}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return "", "", err
+			}
+			key, _ := tok.(string)
+			at := joinPath(path, key)
+			folded := foldKey(key)
+			if seen[folded] {
+				return at, "duplicate key (keys are compared ignoring case)", nil
+			}
+			seen[folded] = true
+			var next reflect.Type
+			if fields != nil {
+				ft, ok := fields[key]
+				if !ok {
+					for name := range fields {
+						if foldKey(name) == folded {
+							return at, "must be spelled " + strconv.Quote(name) + " (keys are case-sensitive)", nil
+						}
+					}
+				}
+				next = ft
+			} else if t != nil && t.Kind() == reflect.Map {
+				next = t.Elem()
+			}
+			if field, detail, err := walkKeys(dec, next, at); err != nil || detail != "" {
+				return field, detail, err
+			}
+		}
+		_, err := dec.Token() // '}'
+		return "", "", err
+	case json.Delim('['):
+		var elem reflect.Type
+		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+			elem = t.Elem()
+		}
+		for i := 0; dec.More(); i++ {
+			if field, detail, err := walkKeys(dec, elem, path+"["+strconv.Itoa(i)+"]"); err != nil || detail != "" {
+				return field, detail, err
+			}
+		}
+		_, err := dec.Token() // ']'
+		return "", "", err
+	}
+	return "", "", nil
+}
+
+// structFields maps the JSON names of a struct's fields (embedded structs'
+// fields included) to their types; nil if t is no struct.
+func structFields(t reflect.Type) map[string]reflect.Type {
+	if t == nil || t.Kind() != reflect.Struct {
+		return nil
+	}
+	m := map[string]reflect.Type{}
+	for _, f := range reflect.VisibleFields(t) {
+		if !f.IsExported() || f.Anonymous {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch name {
+		case "-":
+			continue
+		case "":
+			name = f.Name
+		}
+		m[name] = f.Type
+	}
+	return m
+}
+
+// foldKey maps s to one spelling per class of strings that are equal under
+// Unicode simple case folding (as encoding/json compares names).
+func foldKey(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		least := r
+		for c := unicode.SimpleFold(r); c != r; c = unicode.SimpleFold(c) {
+			least = min(least, c)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
+}
+
+func joinPath(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
 }

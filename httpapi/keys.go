@@ -2,10 +2,7 @@ package httpapi
 
 import (
 	"net/http"
-	"net/url"
 	"time"
-
-	"github.com/go-chi/chi/v5"
 )
 
 type keyJSON struct {
@@ -32,13 +29,8 @@ type keyResponseJSON struct {
 // reconciliation, what the caller's tenant has stored under key, in every
 // scope it was used in. Percent-encode the key in the path.
 func (s *Server) getIdempotencyKey(w http.ResponseWriter, r *http.Request) {
-	// chi matches on the decoded path unless the raw path differs (an
-	// encoded '/'): decode only then, so that "%25" stays one '%'.
-	key, err := chi.URLParam(r, "key"), error(nil)
-	if r.URL.RawPath != "" {
-		key, err = url.PathUnescape(key)
-	}
-	if err != nil || key == "" || len(key) > maxKeyLen || !printableASCII(key) {
+	key, ok := pathParam(r, "key")
+	if !ok || key == "" || len(key) > maxKeyLen || !printableASCII(key) {
 		writeProblem(w, r, s.Logger, problem(http.StatusBadRequest, "invalid-idempotency-key", "Invalid Idempotency-Key",
 			"The key in the path must be 1 to 255 printable ASCII characters, percent-encoded."), nil)
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -212,6 +213,8 @@ func (s *Server) updateOrder(w http.ResponseWriter, r *http.Request) {
 		if string(req.ShippingAddress) != "null" {
 			if err := strictUnmarshal(req.ShippingAddress, &cmd.ShippingAddress); err != nil {
 				bad = append(bad, domain.FieldError{Field: "shipping_address", Detail: "must be an object with name, line1, line2, city, postal_code and country, or null: " + err.Error()})
+			} else if p := checkKeys(req.ShippingAddress, reflect.TypeFor[domain.Address](), "shipping_address"); p != nil {
+				bad = append(bad, p.Errors...)
 			}
 		}
 	}
@@ -319,7 +322,7 @@ type orderPageJSON struct {
 func (s *Server) listOrders(w http.ResponseWriter, r *http.Request) {
 	params := r.URL.Query()
 	q := query.ListOrders{TenantID: tenantOf(r), CustomerID: params.Get("customer_id"), Limit: query.DefaultPageSize}
-	if q.CustomerID != "" && hasField((domain.NewOrder{CustomerID: q.CustomerID}).Validate(), "customer_id") {
+	if q.CustomerID != "" && domain.ValidateCustomerID(q.CustomerID) != nil {
 		writeProblem(w, r, s.Logger, invalidParam("customer_id", "must be a customer id: 1 to 64 visible ASCII characters"), nil)
 		return
 	}

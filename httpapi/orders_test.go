@@ -43,7 +43,16 @@ func newAPI(tb testing.TB) api {
 // newAPIOn serves the API on db, remembering keys for ttl.
 func newAPIOn(tb testing.TB, db *pgxpool.Pool, ttl time.Duration) api {
 	tb.Helper()
-	idem := command.NewIdempotency(db, ttl)
+	return newAPIWith(tb, db, command.IdempotencyConfig{TTL: ttl})
+}
+
+// newAPIWith serves the API on db with the idempotency settings cfg.
+func newAPIWith(tb testing.TB, db *pgxpool.Pool, cfg command.IdempotencyConfig) api {
+	tb.Helper()
+	idem, err := command.NewIdempotency(db, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	clients := auth.NewClients(db, 0)
 	handler := httpapi.New(httpapi.Deps{
 		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -57,6 +66,8 @@ func newAPIOn(tb testing.TB, db *pgxpool.Pool, ttl time.Duration) api {
 		UpdateOrder: command.NewUpdateOrderHandler(),
 		GetOrder:    query.NewGetOrderHandler(db, nil),
 		ListOrders:  query.NewListOrdersHandler(db),
+
+		GetCustomerSummary: query.NewGetCustomerSummaryHandler(db, nil),
 	})
 	srv := httptest.NewServer(handler)
 	tb.Cleanup(srv.Close)

@@ -24,7 +24,10 @@ func TestOverloadIsShedWith429(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.DB(t)
-	idem := command.NewIdempotency(db, time.Hour)
+	idem, err := command.NewIdempotency(db, command.IdempotencyConfig{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
 	clients := auth.NewClients(db, 0)
 	limit := httpapi.NewInFlightLimit(1)
 	srv := httptest.NewServer(httpapi.New(httpapi.Deps{

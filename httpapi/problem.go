@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
@@ -49,7 +51,13 @@ func problemFor(err error) *Problem {
 	var de *domain.Error
 	var mismatch *command.MismatchError
 	var behind *query.BehindError
+	var quota *command.KeyQuotaError
 	switch {
+	case errors.As(err, &quota):
+		p := problem(http.StatusTooManyRequests, "idempotency-quota-exceeded", "Idempotency key quota exceeded",
+			fmt.Sprintf("This tenant has %d Idempotency-Keys stored, its quota; keys make room as they expire. A retry of a stored key still replays.", quota.Quota))
+		p.header = http.Header{"Retry-After": {strconv.Itoa(max(1, int(quota.RetryAfter.Round(time.Second).Seconds())))}}
+		return p
 	case errors.As(err, &behind):
 		p := problem(http.StatusPreconditionFailed, "view-behind", "Read model behind",
 			fmt.Sprintf("The read model has not caught up with version %d yet (it is at %d); retry shortly, or wait longer with Prefer: wait=N.", behind.Want, behind.Have))

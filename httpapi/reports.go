@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
 	"github.com/acme/orders/domain"
@@ -32,8 +31,8 @@ type currencyTotalJSON struct {
 // the customer's orders by status and money per currency; with
 // min_position it first waits (bounded) until that order version is in it.
 func (s *Server) customerSummary(w http.ResponseWriter, r *http.Request) {
-	customer := chi.URLParam(r, "id")
-	if err := (domain.NewOrder{CustomerID: customer}).Validate(); hasField(err, "customer_id") {
+	customer, ok := pathParam(r, "id")
+	if !ok || domain.ValidateCustomerID(customer) != nil {
 		writeProblem(w, r, s.Logger, invalidParam("id", "must be a customer id: 1 to 64 visible ASCII characters"), nil)
 		return
 	}
@@ -63,19 +62,6 @@ func (s *Server) customerSummary(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-cache")
 	writeJSON(w, http.StatusOK, out)
-}
-
-func hasField(err error, field string) bool {
-	de, ok := err.(*domain.Error)
-	if !ok {
-		return false
-	}
-	for _, f := range de.Fields {
-		if f.Field == field {
-			return true
-		}
-	}
-	return false
 }
 
 func parsePosition(v string) (query.Position, bool) {

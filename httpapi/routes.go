@@ -20,7 +20,7 @@ func (s *Server) routes() http.Handler {
 			"This endpoint does not support "+r.Method+"."), nil)
 	})
 
-	health.Register(r, s.Checks, s.Details)
+	health.Register(r, s.Health)
 	r.Get("/metrics", metrics.Handler(s.Metrics))
 
 	r.Route("/v1", func(r chi.Router) {

@@ -90,9 +90,8 @@ type Deps struct {
 	// for the read model by default; default 2s. Clients may ask for up to
 	// MaxReadWait with Prefer: wait=N.
 	ReadWait time.Duration
-	// Checks are the readiness checks behind /readyz, Details what else it shows.
-	Checks  map[string]health.Check
-	Details map[string]health.Detail
+	// Health answers /readyz from its last round of checks (nil: always ready).
+	Health *health.Monitor
 	// Metrics are served at /metrics (Prometheus text format).
 	Metrics []metrics.Metric
 	// InFlight, if set, bounds the /v1 requests served at once; the rest
@@ -232,9 +231,9 @@ func printableASCII(s string) bool {
 
 // parseID reads a UUID path parameter; a malformed id is a 400.
 func parseID(r *http.Request, name string) (uuid.UUID, *Problem) {
-	raw := chi.URLParam(r, name)
+	raw, ok := pathParam(r, name)
 	id, err := uuid.Parse(raw)
-	if err != nil || len(raw) != 36 {
+	if !ok || err != nil || len(raw) != 36 {
 		return uuid.Nil, problem(http.StatusBadRequest, "malformed-id", "Malformed id",
 			"The "+name+" in the path must be a UUID such as 0193b1a8-7c2e-7000-8000-000000000001.")
 	}

@@ -32,6 +32,9 @@ type apiConfig struct {
 	databaseURL, natsURL, httpAddr string
 	relay                          bool
 	keyTTL, keyWait, janitorEvery  time.Duration
+	keyQuota                       int
+	healthInterval                 time.Duration
+	keyQuotaRefresh                time.Duration
 	replicas, poolSize             int
 	maxInFlight                    int
 	relayPartitions, relayWorkers  int
@@ -57,15 +60,20 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	var relay *bool
 	var replicas, poolSize, maxInFlight, relayPartitions, relayWorkers, relayBatch *int
 	var relayRetention *time.Duration
-	var keyTTL, keyWait, janitorEvery *time.Duration
+	var keyTTL, keyWait, janitorEvery, keyQuotaRefresh *time.Duration
+	var keyQuota *int
+	var healthInterval *time.Duration
 	switch sub {
 	case "":
 		natsURL = env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
 		httpAddr = env.String(fs, "http-addr", "HTTP_ADDR", ":8080", "address to serve HTTP on")
 		relay = env.Bool(fs, "relay", "RELAY", true, "run the outbox relay in this process")
-		keyTTL = env.Duration(fs, "idempotency-ttl", "IDEMPOTENCY_TTL", 24*time.Hour, "how long an Idempotency-Key is remembered after its first use")
+		keyTTL = env.Duration(fs, "idempotency-ttl", "IDEMPOTENCY_TTL", command.DefaultKeyTTL, "how long an Idempotency-Key is remembered after its first use")
+		keyQuota = env.Int(fs, "idempotency-key-quota", "IDEMPOTENCY_KEY_QUOTA", command.DefaultKeyQuota, "most Idempotency-Keys one tenant may have stored; past it new keys get 429")
+		keyQuotaRefresh = env.Duration(fs, "idempotency-key-quota-refresh", "IDEMPOTENCY_KEY_QUOTA_REFRESH", command.DefaultKeyQuotaRefresh, "how often each api recounts a tenant's stored keys")
 		keyWait = env.Duration(fs, "idempotency-wait", "IDEMPOTENCY_WAIT", 5*time.Second, "how long a request waits for an in-flight request with its key")
 		janitorEvery = env.Duration(fs, "idempotency-janitor-interval", "IDEMPOTENCY_JANITOR_INTERVAL", time.Minute, "how often expired keys are deleted")
+		healthInterval = env.Duration(fs, "health-interval", "HEALTH_INTERVAL", health.DefaultInterval, "how often the readiness checks behind /readyz run")
 		replicas = env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream (3 on a cluster)")
 		poolSize = env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 20, "most PostgreSQL connections of this process")
 		maxInFlight = env.Int(fs, "max-in-flight", "MAX_IN_FLIGHT", httpapi.DefaultMaxInFlight, "most /v1 requests served at once; the rest get 429 with Retry-After")
@@ -91,6 +99,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	case "":
 		c.natsURL, c.httpAddr, c.relay = *natsURL, *httpAddr, *relay
 		c.keyTTL, c.keyWait, c.janitorEvery = *keyTTL, *keyWait, *janitorEvery
+		c.keyQuota, c.keyQuotaRefresh = *keyQuota, *keyQuotaRefresh
+		c.healthInterval = *healthInterval
 		c.replicas, c.poolSize, c.maxInFlight = *replicas, *poolSize, *maxInFlight
 		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
 		c.relayBatch = *relayBatch
@@ -180,7 +190,12 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	}
 	defer CloseNATS(nc, logger)
 
-	idem := command.NewIdempotency(pool, cfg.keyTTL)
+	idem, err := command.NewIdempotency(pool, command.IdempotencyConfig{
+		TTL: cfg.keyTTL, KeyQuota: cfg.keyQuota, KeyQuotaRefresh: cfg.keyQuotaRefresh,
+	})
+	if err != nil {
+		return err
+	}
 	counter := func(name, help string, f func() int64) metrics.Metric {
 		return metrics.Metric{Name: name, Help: help, Counter: true, Read: metrics.One(f)}
 	}
@@ -244,6 +259,16 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	changes := query.NewChanges()
 	wg.Go(func() { postgres.Listen(bgCtx, pool, "projection_applied", logger, changes.Notify) })
 
+	// /readyz answers from the monitor's last round, never from a query of its own.
+	monitor, err := health.NewMonitor(map[string]health.Check{
+		"postgres": pingPool(pool),
+		"nats":     NATSReady(nc),
+	}, logger.With("component", "health"), health.Config{Interval: cfg.healthInterval})
+	if err != nil {
+		return err
+	}
+	wg.Go(func() { monitor.Run(bgCtx) })
+
 	inFlight := httpapi.NewInFlightLimit(cfg.maxInFlight)
 	ms = append(ms,
 		counter("http_requests_shed_total", "requests answered 429 because the api was serving its -max-in-flight limit", inFlight.Shed),
@@ -263,16 +288,9 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		GetCustomerSummary: query.NewGetCustomerSummaryHandler(pool, changes),
 		GetDailySales:      query.NewGetDailySalesHandler(pool),
 		KeyWait:            cfg.keyWait,
-		Checks: map[string]health.Check{
-			"postgres": pingPool(pool),
-			"nats":     NATSReady(nc),
-		},
-		Details: map[string]health.Detail{"outbox_backlog": func(ctx context.Context) (any, error) {
-			b, err := outbox.ReadBacklog(ctx, pool)
-			return map[string]any{"events": b.Rows, "oldest_seconds": b.OldestAge.Seconds()}, err
-		}},
-		Metrics:  append(ms, backlogMetrics(ctx, pool)...),
-		InFlight: inFlight,
+		Health:             monitor,
+		Metrics:            append(ms, backlogMetrics(ctx, pool)...),
+		InFlight:           inFlight,
 	})
 	// Serve returns once in-flight requests are done; the deferred stop of
 	// the background work and the connections runs after that.

@@ -159,12 +159,17 @@ func TestEndToEnd(t *testing.T) {
 	projector := start(t, "projector", app.RunProjector, env)
 	token := newToken(t, env, "acme")
 
+	// Readiness comes from each process's first round of checks, just
+	// after it starts listening.
 	for _, base := range []string{api, projector} {
-		res, err := http.Get(base + "/readyz")
-		if err != nil || res.StatusCode != http.StatusOK {
-			t.Fatalf("GET %s/readyz: %v %v", base, res, err)
-		}
-		res.Body.Close()
+		testenv.Eventually(t, 5*time.Second, base+"/readyz is 200", func() bool {
+			res, err := http.Get(base + "/readyz")
+			if err != nil {
+				t.Fatalf("GET %s/readyz: %v", base, err)
+			}
+			res.Body.Close()
+			return res.StatusCode == http.StatusOK
+		})
 	}
 
 	created := call(t, http.MethodPost, api+"/v1/orders", token, "e2e-1", orderBody("c-42"))

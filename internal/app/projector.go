@@ -236,12 +236,17 @@ func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool
 	for _, r := range runners {
 		g.Go(func() error { return r.Run(gctx) })
 	}
-	g.Go(func() error { pruner.Run(gctx); return nil })
-	mux := chi.NewRouter()
-	health.Register(mux, map[string]health.Check{
+	monitor, err := health.NewMonitor(map[string]health.Check{
 		"postgres": func(ctx context.Context) error { return pool.Ping(ctx) },
 		"nats":     NATSReady(nc),
-	}, nil)
+	}, logger.With("component", "health"), health.Config{})
+	if err != nil {
+		return err
+	}
+	g.Go(func() error { monitor.Run(gctx); return nil })
+	g.Go(func() error { pruner.Run(gctx); return nil })
+	mux := chi.NewRouter()
+	health.Register(mux, monitor)
 	mux.Get("/metrics", metrics.Handler(projectorMetrics(ctx, runners, pruner, pool, logger)))
 	g.Go(func() error { return Serve(gctx, cfg.httpAddr, mux, logger, 5*time.Second) })
 	return g.Wait() // the deferred CloseNATS flushes the last acks

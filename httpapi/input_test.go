@@ -1,0 +1,152 @@
+package httpapi_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// expectProblem checks status, problem type and (if given) the first field named.
+func expectProblem(t *testing.T, what string, res response, status int, typ, field string) {
+	t.Helper()
+	if res.status != status {
+		t.Fatalf("%s: status %d, want %d; body %s", what, res.status, status, res.body)
+	}
+	p := decodeProblem(t, res)
+	if !strings.HasSuffix(p.Type, "/"+typ) {
+		t.Fatalf("%s: type %q, want …/%s", what, p.Type, typ)
+	}
+	if field != "" && (len(p.Errors) == 0 || p.Errors[0].Field != field) {
+		t.Fatalf("%s: errors %+v, want the field %s named", what, p.Errors, field)
+	}
+}
+
+// Duplicate keys and keys that differ from a field only in case are
+// refused at every level of every body, naming the key; nothing is stored.
+func TestDuplicateAndCaseVariantKeysAreRefused(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	for _, tt := range []struct {
+		name, method, path, body, field string
+	}{
+		{"duplicate top-level key", "POST", "/v1/orders", `{"customer_id":"first","customer_id":"second","currency":"EUR","items":[{"sku":"s","quantity":1,"unit_price":1}]}`, "customer_id"},
+		{"case-variant duplicate", "POST", "/v1/orders", `{"customer_id":"first","Customer_Id":"second","currency":"EUR","items":[{"sku":"s","quantity":1,"unit_price":1}]}`, "Customer_Id"},
+		{"case variant alone", "POST", "/v1/orders", `{"Customer_ID":"c","currency":"EUR","items":[{"sku":"s","quantity":1,"unit_price":1}]}`, "Customer_ID"},
+		{"fold variant (long s)", "POST", "/v1/orders", `{"customer_id":"c","currency":"EUR","items":[{"ſku":"s","quantity":1,"unit_price":1}]}`, "items[0].ſku"},
+		{"nested duplicate", "POST", "/v1/orders", `{"customer_id":"c","currency":"EUR","items":[{"sku":"s","quantity":1,"quantity":2,"unit_price":1}]}`, "items[0].quantity"},
+		{"cancel duplicate", "POST", "/v1/orders/" + id + "/cancel", `{"reason":"a","REASON":"b"}`, "REASON"},
+		{"pay duplicate", "POST", "/v1/orders/" + id + "/pay", `{"a":1,"a":2}`, ""},
+		{"patch duplicate", "PATCH", "/v1/orders/" + id, `{"note":"a","note":"b"}`, "note"},
+		{"patch nested duplicate", "PATCH", "/v1/orders/" + id, `{"shipping_address":{"name":"A","line1":"1 Main","city":"Berlin","city":"Paris","postal_code":"1","country":"DE"}}`, "shipping_address.city"},
+		{"patch nested case variant", "PATCH", "/v1/orders/" + id, `{"shipping_address":{"name":"A","line1":"1 Main","City":"Berlin","postal_code":"1","country":"DE"}}`, "shipping_address.City"},
+	} {
+		res := a.do(t, tt.method, tt.path, map[string]string{"Idempotency-Key": "k-" + tt.name, "If-Match": `"1"`}, tt.body)
+		expectProblem(t, tt.name, res, http.StatusBadRequest, "malformed-request", tt.field)
+	}
+	if keys, orders, _, _ := a.counts(t); keys != 1 || orders != 1 {
+		t.Fatalf("refused bodies stored something: keys=%d orders=%d", keys, orders)
+	}
+}
+
+// A JSON body in another charset than UTF-8 is refused with 415.
+func TestOtherCharsetsAreRefused(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	for _, ct := range []string{"application/json; charset=utf-16", "application/json; charset=latin1", "application/json;charset=\"UTF-16LE\""} {
+		res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Idempotency-Key": "k", "Content-Type": ct}, validBody)
+		expectProblem(t, ct, res, http.StatusUnsupportedMediaType, "unsupported-media-type", "")
+	}
+	for i, ct := range []string{"application/json; charset=utf-8", "application/json; charset=UTF-8", "application/json"} {
+		res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Idempotency-Key": "ok-" + string(rune('a'+i)), "Content-Type": ct}, validBody)
+		if res.status != http.StatusCreated {
+			t.Fatalf("%s: %d %s", ct, res.status, res.body)
+		}
+	}
+	if keys, _, _, _ := a.counts(t); keys != 3 {
+		t.Fatalf("%d keys, want 3", keys)
+	}
+}
+
+// Path parameters are decoded exactly once: %2F is a '/', %41 an 'A', %25
+// a '%', whichever parameter they are in.
+func TestPathParametersAreDecodedOnce(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	for _, tt := range []struct{ customer, path string }{
+		{"a/b", "a%2Fb"}, {"A", "%41"}, {"100%", "100%25"}, {"x%41", "x%2541"},
+	} {
+		// The read model as a projector would leave it for this customer.
+		if _, err := a.db.Exec(context.Background(), `INSERT INTO customer_summaries
+			(tenant_id, customer_id, currency, orders_pending, last_order_at) VALUES ('t1', $1, 'EUR', 1, now())`, tt.customer); err != nil {
+			t.Fatal(err)
+		}
+		res := a.do(t, http.MethodGet, "/v1/customers/"+tt.path+"/summary", nil, "")
+		if res.status != http.StatusOK || !strings.Contains(string(res.body), `"customer_id":`+strconv.Quote(tt.customer)) {
+			t.Fatalf("summary at %s: %d %s; want customer %q", tt.path, res.status, res.body, tt.customer)
+		}
+	}
+	// Keys: "k/1" is reached as k%2F1, "kA" as k%41, "k%41" as k%2541.
+	for _, tt := range []struct{ key, path string }{{"k/1", "k%2F1"}, {"kA", "k%41"}, {"k%41", "k%2541"}, {"k%", "k%25"}} {
+		if res := a.post(t, tt.key, validBody); res.status != http.StatusCreated {
+			t.Fatalf("create with key %q: %d %s", tt.key, res.status, res.body)
+		}
+		res := a.do(t, http.MethodGet, "/v1/idempotency-keys/"+tt.path, nil, "")
+		if res.status != http.StatusOK || !strings.Contains(string(res.body), `"key":"`+tt.key+`"`) {
+			t.Fatalf("GET /v1/idempotency-keys/%s: %d %s; want the key %q", tt.path, res.status, res.body, tt.key)
+		}
+	}
+	// An order id with an encoded character is the same id.
+	id := decodeOrder(t, a.post(t, "for-id", validBody)).ID
+	res := a.do(t, http.MethodGet, "/v1/orders/"+strings.Replace(id, "-", "%2D", 1), nil, "")
+	if res.status == http.StatusBadRequest {
+		t.Fatalf("order id with %%2D: %d %s", res.status, res.body)
+	}
+}
+
+// A chunked body of a command without one is empty only if no byte comes:
+// whitespace is a body, and as JSON it is malformed, as with a length.
+func TestChunkedEmptyBody(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	send := func(key, body string) int {
+		req, err := http.NewRequest(http.MethodPost, a.url+"/v1/orders/"+id+"/pay", io.MultiReader(strings.NewReader(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+a.token)
+		req.Header.Set("Idempotency-Key", key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if got := send("ws", "  \n"); got != http.StatusBadRequest {
+		t.Fatalf("chunked whitespace body: %d, want 400", got)
+	}
+	if got := send("empty", ""); got != http.StatusOK {
+		t.Fatalf("chunked empty body: %d, want 200", got)
+	}
+	if got := send("obj", "{}"); got != http.StatusOK {
+		t.Fatalf("chunked {}: %d, want 200", got)
+	}
+}
+
+// A PATCH's shipping_address replaces the address whole (it is not merged
+// field by field): a partial one is a 422 that says so, and changes nothing.
+func TestPatchTakesAWholeAddress(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	res := a.do(t, http.MethodPatch, "/v1/orders/"+id, map[string]string{"Idempotency-Key": "p1", "If-Match": `"1"`}, `{"shipping_address":{"city":"Paris"}}`)
+	expectProblem(t, "partial address", res, http.StatusUnprocessableEntity, "validation-failed", "")
+	if !strings.Contains(string(res.body), "replaced whole") {
+		t.Fatalf("the 422 does not say the address is replaced whole: %s", res.body)
+	}
+}

@@ -151,11 +151,11 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		unauthorized := func(detail string) {
 			p := problem(http.StatusUnauthorized, "unauthorized", "Unauthorized", detail)
 			p.header = http.Header{"Www-Authenticate": {`Bearer realm="orders"`}}
-			writeProblem(w, r, s.Logger, p, nil)
+			s.refuse(w, r, p)
 		}
 		if len(r.Header.Values("Authorization")) > 1 {
-			writeProblem(w, r, s.Logger, problem(http.StatusBadRequest, "invalid-authorization", "Invalid Authorization",
-				"Send exactly one Authorization header."), nil)
+			s.refuse(w, r, problem(http.StatusBadRequest, "invalid-authorization", "Invalid Authorization",
+				"Send exactly one Authorization header."))
 			return
 		}
 		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")

@@ -249,7 +249,7 @@ func (s *Server) limitTenant(next http.Handler) http.Handler {
 		if refused != nil {
 			p := problem(http.StatusTooManyRequests, refused.kind, "Too many requests", refused.detail)
 			p.header = http.Header{"Retry-After": {strconv.Itoa(refused.retryAfter)}}
-			writeProblem(w, r, s.Logger, p, nil)
+			s.refuse(w, r, p)
 			return
 		}
 		defer release()

@@ -120,6 +120,7 @@ func TestNoisyNeighbour(t *testing.T) {
 	quiet, hostile := newToken(t, env, "quiet"), newToken(t, env, "hostile")
 	const phase = 3 * time.Second
 
+	quietWorkload(t, api, quiet, time.Second) // warm up: prepared statements, pools, the projector
 	alone := quietWorkload(t, api, quiet, phase)
 	if alone.failed > 0 {
 		t.Fatalf("quiet tenant alone: %d of %d failed: %v", alone.failed, alone.total, alone.errors)
@@ -139,19 +140,29 @@ func TestNoisyNeighbour(t *testing.T) {
 			})
 		})
 		time.Sleep(500 * time.Millisecond) // let the attack reach its limits
-		under := quietWorkload(t, api, quiet, phase)
+		// The bound is 2× the p99 alone, but at least 20 ms more than it:
+		// on a 2-core machine shared with other test binaries a p99 of a
+		// few milliseconds doubles from scheduling noise alone, and the
+		// attacking clients run in this process, on the same cores. A
+		// phase over the bound is measured once more (the attack still
+		// running): noise passes the second time, starvation does not.
+		bound := max(2*alone.p99, alone.p99+20*time.Millisecond)
+		var under workloadResult
+		for attempt := 1; attempt <= 2; attempt++ {
+			under = quietWorkload(t, api, quiet, phase)
+			t.Logf("%s (attempt %d): quiet tenant %d requests, p99 %s", a.name, attempt, under.total, under.p99)
+			if under.failed > 0 || under.p99 <= bound {
+				break
+			}
+		}
 		cancel()
 		wg.Wait()
-		t.Logf("%s: hostile statuses %v; quiet tenant %d requests, p99 %s", a.name, statuses, under.total, under.p99)
+		t.Logf("%s: hostile statuses %v", a.name, statuses)
 
 		if rate := float64(under.total-under.failed) / float64(under.total); rate < 0.999 {
 			t.Errorf("%s: quiet tenant success rate %.4f (%d of %d failed: %v), want ≥ 0.999", a.name, rate, under.failed, under.total, under.errors)
 		}
-		// The bound is 2× the p99 alone, but at least 20 ms more than it:
-		// on a 2-core machine shared with other test binaries a p99 of a
-		// few milliseconds doubles from scheduling noise alone, and the
-		// attacking clients run in this process, on the same cores.
-		if bound := max(2*alone.p99, alone.p99+20*time.Millisecond); under.p99 > bound {
+		if under.p99 > bound {
 			t.Errorf("%s: quiet tenant p99 %s, alone %s; want at most %s", a.name, under.p99, alone.p99, bound)
 		}
 		if statuses[a.shed] == 0 {

@@ -48,7 +48,7 @@ func (s *Server) limitInFlight(next http.Handler) http.Handler {
 			p := problem(http.StatusTooManyRequests, "overloaded", "Too many requests",
 				fmt.Sprintf("The server is serving its limit of %d requests at once; retry after a second (with the same Idempotency-Key).", cap(l.slots)))
 			p.header = http.Header{"Retry-After": {"1"}}
-			writeProblem(w, r, s.Logger, p, nil)
+			s.refuse(w, r, p)
 			return
 		}
 		l.inFlight.Add(1)
@@ -58,4 +58,18 @@ func (s *Server) limitInFlight(next http.Handler) http.Handler {
 		}()
 		next.ServeHTTP(w, r)
 	})
+}
+
+// refuse writes p for a request refused before its body was read (unknown
+// token, a limit). The connection is closed after the response: otherwise
+// the server would first read the unread body, so that a client trickling
+// its body would get its 401 or 429 only once the whole body was in.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, p *Problem) {
+	if r.Body != nil && r.Body != http.NoBody {
+		if p.header == nil {
+			p.header = http.Header{}
+		}
+		p.header.Set("Connection", "close")
+	}
+	writeProblem(w, r, s.Logger, p, nil)
 }

@@ -24,7 +24,10 @@ func (s *Server) routes() http.Handler {
 	r.Get("/metrics", metrics.Handler(s.Metrics))
 
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(s.limitInFlight, s.authenticate)
+		// Authenticate first (a forged token takes no slot), then the
+		// tenant's own limits, then the global net; bodies are read last,
+		// under their deadline, so a slow body holds a slot only that long.
+		r.Use(s.authenticate, s.limitTenant, s.limitInFlight, s.readBody)
 		r.Post("/orders", s.createOrder)
 		r.Get("/orders", s.listOrders)
 		r.Get("/orders/{id}", s.getOrder)

@@ -95,8 +95,15 @@ type Deps struct {
 	// Metrics are served at /metrics (Prometheus text format).
 	Metrics []metrics.Metric
 	// InFlight, if set, bounds the /v1 requests served at once; the rest
-	// get 429 (health and metrics endpoints are never limited).
+	// get 429 (health and metrics endpoints are never limited). It is the
+	// last-resort net behind Tenants, whose per-tenant limit is well below it.
 	InFlight *InFlightLimit
+	// Tenants, if set, limits each tenant's rate, requests in flight and
+	// read-your-writes reads in flight; its excess gets 429.
+	Tenants *TenantLimits
+	// BodyTimeout bounds how long a request body may take to arrive; the
+	// rest get 408. Default DefaultBodyTimeout.
+	BodyTimeout time.Duration
 }
 
 // MaxReadWait bounds any read-your-writes wait.
@@ -115,6 +122,9 @@ func New(deps Deps) http.Handler {
 	if deps.ReadWait <= 0 {
 		deps.ReadWait = 2 * time.Second
 	}
+	if deps.BodyTimeout <= 0 {
+		deps.BodyTimeout = DefaultBodyTimeout
+	}
 	s := &Server{Deps: deps}
 	return s.routes()
 }
@@ -126,24 +136,40 @@ const (
 	tenantKey
 )
 
+// tokenHelp is what a caller without a working token should do.
+const tokenHelp = "Send Authorization: Bearer <token>; `go run ./cmd/api token create -tenant NAME` makes a token."
+
 // authenticate admits requests with a known bearer token and puts the
 // caller's tenant in the context; anything else gets 401 before it can touch
-// any data (so nothing is stored for it).
+// any data (so nothing is stored for it). It runs before any limit takes a
+// slot: a forged token (failing its checksum) costs neither a slot nor a
+// database query. Two Authorization headers are a 400, as two
+// Idempotency-Keys are.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		unauthorized := func(detail string) {
 			p := problem(http.StatusUnauthorized, "unauthorized", "Unauthorized", detail)
 			p.header = http.Header{"Www-Authenticate": {`Bearer realm="orders"`}}
-			writeProblem(w, r, s.Logger, p, nil)
+			s.refuse(w, r, p)
+		}
+		if len(r.Header.Values("Authorization")) > 1 {
+			s.refuse(w, r, problem(http.StatusBadRequest, "invalid-authorization", "Invalid Authorization",
+				"Send exactly one Authorization header."))
+			return
 		}
 		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
-			unauthorized("Send Authorization: Bearer <token>; `api token create --tenant NAME` makes a token.")
+			unauthorized(tokenHelp)
 			return
 		}
 		tenant, err := s.Auth.Authenticate(r.Context(), strings.TrimSpace(token))
+		if errors.Is(err, auth.ErrLegacyToken) {
+			unauthorized("The bearer token has the old format without a checksum, which this server no longer accepts; " +
+				"`go run ./cmd/api token create -tenant NAME` makes a new one.")
+			return
+		}
 		if errors.Is(err, auth.ErrUnknownToken) {
-			unauthorized("The bearer token is not known.")
+			unauthorized("The bearer token is not known, or was revoked, or has expired. " + tokenHelp)
 			return
 		}
 		if err != nil {

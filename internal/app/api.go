@@ -26,7 +26,10 @@ import (
 const apiUsage = `usage:
   api [flags]                                  serve the REST API (and the outbox relay)
   api migrate [flags]                          apply the schema migrations and exit
-  api token create -tenant NAME [-name LABEL]  register a client of tenant NAME and print its token`
+  api token create -tenant NAME [-name LABEL] [-expires DURATION]
+                                               register a client of tenant NAME and print its token
+  api token revoke -token TOKEN                revoke that token
+  api token revoke -tenant NAME -name LABEL    revoke every token of tenant NAME labelled LABEL`
 
 type apiConfig struct {
 	databaseURL, natsURL, httpAddr string
@@ -37,11 +40,16 @@ type apiConfig struct {
 	keyQuotaRefresh                time.Duration
 	replicas, poolSize             int
 	maxInFlight                    int
+	tenantLimits                   httpapi.TenantLimitConfig
+	bodyTimeout, tokenCacheTTL     time.Duration
+	acceptLegacyTokens             bool
 	relayPartitions, relayWorkers  int
 	relayBatch                     int
 	relayRetention                 time.Duration
 	logFormat, logLevel            string
-	tenant, clientName             string // token create
+	tenant, clientName             string        // token create, revoke
+	tokenExpires                   time.Duration // token create
+	token                          string        // token revoke
 }
 
 // parseAPIConfig reads the settings of one api subcommand ("", "migrate" or
@@ -56,9 +64,12 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	databaseURL := env.String(fs, "database-url", "DATABASE_URL", DefaultDatabaseURL, "PostgreSQL connection URL")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
-	var natsURL, httpAddr, tenant, name *string
-	var relay *bool
+	var natsURL, httpAddr, tenant, name, token *string
+	var expires *time.Duration
+	var relay, acceptLegacy *bool
 	var replicas, poolSize, maxInFlight, relayPartitions, relayWorkers, relayBatch *int
+	var tenantInFlight, tenantWaiting, tenantRate, tenantBurst *int
+	var bodyTimeout, tokenCacheTTL *time.Duration
 	var relayRetention *time.Duration
 	var keyTTL, keyWait, janitorEvery, keyQuotaRefresh *time.Duration
 	var keyQuota *int
@@ -77,6 +88,13 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		replicas = env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream (3 on a cluster)")
 		poolSize = env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 20, "most PostgreSQL connections of this process")
 		maxInFlight = env.Int(fs, "max-in-flight", "MAX_IN_FLIGHT", httpapi.DefaultMaxInFlight, "most /v1 requests served at once; the rest get 429 with Retry-After")
+		tenantInFlight = env.Int(fs, "tenant-max-in-flight", "TENANT_MAX_IN_FLIGHT", httpapi.DefaultTenantMaxInFlight, "most /v1 requests of one tenant served at once; its excess gets 429 tenant-overloaded")
+		tenantWaiting = env.Int(fs, "tenant-max-waiting", "TENANT_MAX_WAITING", httpapi.DefaultTenantMaxWaiting, "most reads with min_version or min_position of one tenant in flight at once (at most -tenant-max-in-flight)")
+		tenantRate = env.Int(fs, "tenant-rate", "TENANT_RATE", int(httpapi.DefaultTenantRate), "requests per second of one tenant (token bucket); its excess gets 429 tenant-rate-limited")
+		tenantBurst = env.Int(fs, "tenant-burst", "TENANT_BURST", httpapi.DefaultTenantBurst, "token bucket size of -tenant-rate")
+		bodyTimeout = env.Duration(fs, "body-timeout", "BODY_TIMEOUT", httpapi.DefaultBodyTimeout, "how long a request body may take to arrive; slower ones get 408")
+		tokenCacheTTL = env.Duration(fs, "token-cache-ttl", "TOKEN_CACHE_TTL", auth.DefaultCacheTTL, "how long a token's tenant is cached: a token revoked elsewhere works here at most this long")
+		acceptLegacy = env.Bool(fs, "accept-legacy-tokens", "ACCEPT_LEGACY_TOKENS", false, "accept tokens made before tokens had a checksum (each forged one then costs a database query)")
 		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", 16, "most outbox partitions (of 16) this relay publishes")
 		relayWorkers = env.Int(fs, "relay-workers", "RELAY_WORKERS", 2, "relay workers in this process (each owns a share of its partitions)")
 		relayBatch = env.Int(fs, "relay-batch", "RELAY_BATCH", 500, "outbox rows per relay batch (1 to 1000, one JetStream atomic batch)")
@@ -84,6 +102,11 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	case "token create":
 		tenant = fs.String("tenant", "", "tenant the new client acts for (a-z, 0-9, -, _)")
 		name = fs.String("name", "cli", "a label for the client")
+		expires = fs.Duration("expires", 0, "the token stops working after this long (0: never)")
+	case "token revoke":
+		token = fs.String("token", "", "the token to revoke")
+		tenant = fs.String("tenant", "", "with -name: revoke this tenant's tokens labelled -name")
+		name = fs.String("name", "", "the label of the tokens to revoke (with -tenant)")
 	}
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -104,6 +127,10 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		c.replicas, c.poolSize, c.maxInFlight = *replicas, *poolSize, *maxInFlight
 		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
 		c.relayBatch = *relayBatch
+		c.tenantLimits = httpapi.TenantLimitConfig{
+			MaxInFlight: *tenantInFlight, MaxWaiting: *tenantWaiting, Rate: float64(*tenantRate), Burst: *tenantBurst,
+		}
+		c.bodyTimeout, c.tokenCacheTTL, c.acceptLegacyTokens = *bodyTimeout, *tokenCacheTTL, *acceptLegacy
 		switch {
 		case c.keyTTL < time.Second:
 			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
@@ -115,6 +142,16 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
 		case c.maxInFlight < 1:
 			return c, fmt.Errorf("-max-in-flight must be at least 1, got %d", c.maxInFlight)
+		case c.tenantLimits.MaxInFlight < 1 || c.tenantLimits.MaxInFlight >= c.maxInFlight:
+			return c, fmt.Errorf("-tenant-max-in-flight must be 1 to -max-in-flight - 1 (%d), got %d: no tenant may fill the global limit", c.maxInFlight-1, c.tenantLimits.MaxInFlight)
+		case c.tenantLimits.MaxWaiting < 1 || c.tenantLimits.MaxWaiting > c.tenantLimits.MaxInFlight:
+			return c, fmt.Errorf("-tenant-max-waiting must be 1 to -tenant-max-in-flight (%d), got %d", c.tenantLimits.MaxInFlight, c.tenantLimits.MaxWaiting)
+		case c.tenantLimits.Rate < 1 || c.tenantLimits.Burst < 1:
+			return c, fmt.Errorf("-tenant-rate and -tenant-burst must be at least 1, got %v and %d", c.tenantLimits.Rate, c.tenantLimits.Burst)
+		case c.bodyTimeout <= 0:
+			return c, fmt.Errorf("-body-timeout must be positive, got %s", c.bodyTimeout)
+		case c.tokenCacheTTL <= 0:
+			return c, fmt.Errorf("-token-cache-ttl must be positive, got %s", c.tokenCacheTTL)
 		case c.relayPartitions < 1 || c.relayPartitions > outbox.Partitions:
 			return c, fmt.Errorf("-relay-partitions must be 1 to %d, got %d", outbox.Partitions, c.relayPartitions)
 		case c.relayWorkers < 1 || c.relayWorkers > c.relayPartitions:
@@ -128,7 +165,15 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		if *tenant == "" {
 			return c, fmt.Errorf("token create needs -tenant NAME\n%s", apiUsage)
 		}
-		c.tenant, c.clientName = *tenant, *name
+		if *expires < 0 {
+			return c, fmt.Errorf("-expires must not be negative, got %s", *expires)
+		}
+		c.tenant, c.clientName, c.tokenExpires = *tenant, *name, *expires
+	case "token revoke":
+		if (*token == "") == (*tenant == "" || *name == "") {
+			return c, fmt.Errorf("token revoke needs -token TOKEN, or -tenant NAME and -name LABEL\n%s", apiUsage)
+		}
+		c.token, c.tenant, c.clientName = *token, *tenant, *name
 	}
 	return c, nil
 }
@@ -145,6 +190,8 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 		sub, rest = "migrate", rest[1:]
 	case len(rest) > 1 && rest[0] == "token" && rest[1] == "create":
 		sub, rest = "token create", rest[2:]
+	case len(rest) > 1 && rest[0] == "token" && rest[1] == "revoke":
+		sub, rest = "token revoke", rest[2:]
 	case len(rest) > 0 && rest[0] == "token":
 		return fmt.Errorf("unknown token command\n%s", apiUsage)
 	}
@@ -156,7 +203,7 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 		return err
 	}
 	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "api")
-	if sub == "token create" {
+	if sub == "token create" || sub == "token revoke" {
 		// The token goes to stdout alone; logs would only get in the way.
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -173,11 +220,19 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 		logger.Info("migrations applied")
 		return nil
 	case "token create":
-		token, err := auth.NewClients(pool, 0).CreateToken(ctx, cfg.tenant, cfg.clientName)
+		token, err := auth.NewClients(pool, 0).Create(ctx, auth.NewClient{Tenant: cfg.tenant, Name: cfg.clientName, ExpiresIn: cfg.tokenExpires})
 		if err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, token)
+		return nil
+	case "token revoke":
+		n, err := auth.NewClients(pool, 0).Revoke(ctx, auth.Revocation{Token: cfg.token, Tenant: cfg.tenant, Name: cfg.clientName})
+		if err != nil {
+			return err
+		}
+		// Other api processes cache a token's tenant for -token-cache-ttl.
+		fmt.Fprintf(stdout, "revoked %d token(s); api processes refuse them within their -token-cache-ttl\n", n)
 		return nil
 	}
 	return serveAPI(ctx, cfg, pool, logger)
@@ -270,12 +325,25 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	wg.Go(func() { monitor.Run(bgCtx) })
 
 	inFlight := httpapi.NewInFlightLimit(cfg.maxInFlight)
+	tenants, err := httpapi.NewTenantLimits(cfg.tenantLimits)
+	if err != nil {
+		return err
+	}
+	clients, err := auth.New(pool, auth.Config{CacheTTL: cfg.tokenCacheTTL, AcceptLegacy: cfg.acceptLegacyTokens})
+	if err != nil {
+		return err
+	}
 	ms = append(ms,
 		counter("http_requests_shed_total", "requests answered 429 because the api was serving its -max-in-flight limit", inFlight.Shed),
-		metrics.Metric{Name: "http_requests_in_flight", Help: "/v1 requests being served now", Read: metrics.One(inFlight.InFlight)})
+		metrics.Metric{Name: "http_requests_in_flight", Help: "/v1 requests being served now", Read: metrics.One(inFlight.InFlight)},
+		counter("http_tenant_rate_limited_total", "requests answered 429 tenant-rate-limited (a tenant past -tenant-rate)", func() int64 { return tenants.Stats().RateLimited }),
+		counter("http_tenant_overloaded_total", "requests answered 429 tenant-overloaded (a tenant at -tenant-max-in-flight or -tenant-max-waiting)", func() int64 { return tenants.Stats().Overloaded }),
+		metrics.Metric{Name: "http_tenants_tracked", Help: "tenants whose limits this process keeps in memory", Read: metrics.One(func() int64 { return int64(tenants.Stats().Tenants) })},
+		counter("auth_token_lookups_total", "bearer tokens looked up in the database (not cached)", func() int64 { return clients.Stats().Lookups }),
+		counter("auth_negative_cache_hits_total", "unknown bearer tokens refused from the negative cache", func() int64 { return clients.Stats().NegativeHits }))
 	handler := httpapi.New(httpapi.Deps{
 		Logger:             logger,
-		Auth:               auth.NewClients(pool, 30*time.Second),
+		Auth:               clients,
 		Idempotency:        idem,
 		Keys:               idem,
 		CreateOrder:        command.NewCreateOrderHandler(),
@@ -291,6 +359,8 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		Health:             monitor,
 		Metrics:            append(ms, backlogMetrics(ctx, pool)...),
 		InFlight:           inFlight,
+		Tenants:            tenants,
+		BodyTimeout:        cfg.bodyTimeout,
 	})
 	// Serve returns once in-flight requests are done; the deferred stop of
 	// the background work and the connections runs after that.

@@ -172,7 +172,7 @@ func Serve(ctx context.Context, addr string, h http.Handler, logger *slog.Logger
 	}
 	srv := &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
+		ReadHeaderTimeout: 2 * time.Second, // headers come at once; a trickle holds no slot, but a goroutine
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      60 * time.Second,
 		IdleTimeout:       2 * time.Minute,

@@ -1,0 +1,61 @@
+package httpapi
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"time"
+)
+
+// DefaultBodyTimeout bounds how long a request body may take to arrive,
+// counted from when the handler starts reading it: a client trickling its
+// body holds its slot that long at most.
+const DefaultBodyTimeout = 5 * time.Second
+
+// readBody reads a request's whole body (up to one byte past
+// maxBodyBytes, so the decoder still answers 413) before the handler runs,
+// under a read deadline of BodyTimeout. A body that does not arrive in time
+// gets 408 problem+json and the connection is closed; one that cannot be
+// read gets 400. Without the deadline a trickling body (a byte every few
+// seconds) would hold its goroutine and its slots until the server's whole
+// ReadTimeout.
+func (s *Server) readBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody {
+			next.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		if err := rc.SetReadDeadline(time.Now().Add(s.BodyTimeout)); err != nil {
+			if !errors.Is(err, http.ErrNotSupported) {
+				writeProblem(w, r, s.Logger, problemFor(err), err)
+				return
+			}
+			// A writer without deadlines (a test recorder): no bytes arrive late.
+		}
+		b, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+		if err == nil {
+			// The body is in; the rest of the request may take its time.
+			err = rc.SetReadDeadline(time.Time{})
+			if errors.Is(err, http.ErrNotSupported) {
+				err = nil
+			}
+		}
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			p := problem(http.StatusRequestTimeout, "body-timeout", "Request body too slow",
+				"The request body did not arrive within "+s.BodyTimeout.String()+"; send it at once and retry (with the same Idempotency-Key).")
+			p.header = http.Header{"Connection": {"close"}}
+			writeProblem(w, r, s.Logger, p, nil)
+			return
+		case err != nil:
+			writeProblem(w, r, s.Logger, problem(http.StatusBadRequest, "unreadable-body", "Unreadable body",
+				"The request body could not be read: "+err.Error()+"."), nil)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		next.ServeHTTP(w, r)
+	})
+}

@@ -255,7 +255,8 @@ type event struct {
 	seq         uint64
 	deliveries  uint64
 	env         domain.Envelope
-	undecodable bool // not an envelope at all
+	undecodable bool  // not an envelope at all
+	deadID      int64 // its dead_letters row, for an event read from there
 	outcome     Outcome
 	err         error
 }

@@ -22,7 +22,8 @@ const (
 )
 
 // ErrNoDeadLetter is returned by RetryDeadLetter and DiscardDeadLetter for an
-// id that is not an open dead letter of the projection.
+// id that is not an open dead letter of the projection, and by
+// DeadLetterProjection for an id that is no dead letter at all.
 var ErrNoDeadLetter = errors.New("no open dead letter with that id")
 
 const deadLetterInsertSQL = `
@@ -70,6 +71,21 @@ FROM dead_letters
 WHERE $1 OR status IN ('open', 'parked')
 ORDER BY id`, all)
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
+}
+
+// DeadLetterProjection returns the projection that dead letter id belongs
+// to. It returns ErrNoDeadLetter if there is no such dead letter, and any
+// other database error as it is, with context.
+func DeadLetterProjection(ctx context.Context, db postgres.DB, id int64) (string, error) {
+	var name string
+	err := db.QueryRow(ctx, `SELECT projection FROM dead_letters WHERE id = $1`, id).Scan(&name)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
+	case err != nil:
+		return "", fmt.Errorf("look up dead letter %d: %w", id, err)
+	}
+	return name, nil
 }
 
 // storedEvents reads the dead letters that match where, locked, as events

@@ -360,21 +360,27 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err))
 			dead[e.env.AggregateID] = true
 			continue
-		case e.outcome == Gap && (dead[e.env.AggregateID] || final && r.hasOpenDeadLetter(ctx, e)):
-			// Behind an event just dead-lettered: wait in dead_letters, not
-			// in redeliveries.
-			if err := r.deadLetter(ctx, r.db, e, statusParked, "parked behind an open dead letter of the same order"); err != nil {
-				r.logger.ErrorContext(ctx, "cannot park event; will retry", "event_id", e.env.ID, "err", err)
-				_ = e.msg.NakWithDelay(r.gapDelay(e.deliveries))
+		case e.outcome == Gap && final && !dead[e.env.AggregateID]:
+			open, err := r.hasOpenDeadLetter(ctx, e)
+			if err != nil {
+				// Unknown: neither park nor dead-letter on a guess; ask
+				// again on the next delivery.
+				r.logger.ErrorContext(ctx, "cannot tell whether the event's order is dead-lettered; will retry", "event_id", e.env.ID, "err", err)
+				if err := e.msg.NakWithDelay(r.gapDelay(e.deliveries)); err != nil {
+					r.logger.WarnContext(ctx, "settle message", "event_id", e.env.ID, "outcome", e.outcome.String(), "err", err)
+				}
 				continue
 			}
-			r.stats[Parked].Add(1)
-			_ = e.msg.Ack()
-			continue
-		case e.outcome == Gap && final:
+			if open {
+				r.parkAndAck(ctx, e)
+				continue
+			}
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
 				e.env.AggregateVersion, e.env.AggregateVersion-1, e.deliveries))
 			dead[e.env.AggregateID] = true
+			continue
+		case e.outcome == Gap && dead[e.env.AggregateID]:
+			r.parkAndAck(ctx, e)
 			continue
 		}
 		var err error
@@ -396,12 +402,30 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 }
 
 // hasOpenDeadLetter reports whether e's aggregate has an open dead letter in
-// this projection.
-func (r *Runner) hasOpenDeadLetter(ctx context.Context, e *event) bool {
+// this projection. An error means the answer is unknown (never "no").
+func (r *Runner) hasOpenDeadLetter(ctx context.Context, e *event) (bool, error) {
 	var open bool
-	err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'open')`,
-		r.proj.Name(), e.env.AggregateID).Scan(&open)
-	return err == nil && open
+	if err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'open')`,
+		r.proj.Name(), e.env.AggregateID).Scan(&open); err != nil {
+		return false, fmt.Errorf("look up open dead letters of aggregate %s: %w", e.env.AggregateID, err)
+	}
+	return open, nil
+}
+
+// parkAndAck parks e behind its order's open dead letter: it waits in
+// dead_letters, not in redeliveries. If it cannot be parked, it is nak'ed.
+func (r *Runner) parkAndAck(ctx context.Context, e *event) {
+	if err := r.deadLetter(ctx, r.db, e, statusParked, "parked behind an open dead letter of the same order"); err != nil {
+		r.logger.ErrorContext(ctx, "cannot park event; will retry", "event_id", e.env.ID, "err", err)
+		if err := e.msg.NakWithDelay(r.gapDelay(e.deliveries)); err != nil {
+			r.logger.WarnContext(ctx, "nak unparked message", "event_id", e.env.ID, "err", err)
+		}
+		return
+	}
+	r.stats[Parked].Add(1)
+	if err := e.msg.Ack(); err != nil {
+		r.logger.WarnContext(ctx, "ack parked message", "event_id", e.env.ID, "err", err)
+	}
 }
 
 // deadLetterAndTerm records e in dead_letters and terminates its message.
@@ -410,7 +434,9 @@ func (r *Runner) hasOpenDeadLetter(ctx context.Context, e *event) bool {
 func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string) {
 	if err := r.deadLetter(ctx, r.db, e, statusOpen, reason); err != nil {
 		r.logger.ErrorContext(ctx, "cannot record dead letter; will retry", "event_id", e.env.ID, "err", err)
-		_ = e.msg.NakWithDelay(r.retryDelay(e.deliveries))
+		if err := e.msg.NakWithDelay(r.retryDelay(e.deliveries)); err != nil {
+			r.logger.WarnContext(ctx, "nak message that could not be dead-lettered", "event_id", e.env.ID, "err", err)
+		}
 		return
 	}
 	r.logger.ErrorContext(ctx, "event dead-lettered", "stream_seq", e.seq, "event_id", e.env.ID,

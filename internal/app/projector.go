@@ -155,9 +155,9 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		if fs.NArg() != 1 || err != nil {
 			return fmt.Errorf("%s needs one dead letter ID\n%s", sub, projectorUsage)
 		}
-		var name string
-		if err := pool.QueryRow(ctx, `SELECT projection FROM dead_letters WHERE id = $1`, id).Scan(&name); err != nil {
-			return fmt.Errorf("dead letter %d: %w", id, projection.ErrNoDeadLetter)
+		name, err := projection.DeadLetterProjection(ctx, pool, id)
+		if err != nil {
+			return err
 		}
 		r, err := runnerOf(nil, name)
 		if err != nil {

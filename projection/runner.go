@@ -258,6 +258,7 @@ type event struct {
 	env         domain.Envelope
 	undecodable bool  // not an envelope at all
 	deadID      int64 // its dead_letters row, for an event read from there
+	permanent   bool  // err is a failure no retry can fix (Permanent)
 	outcome     Outcome
 	err         error
 }
@@ -306,8 +307,8 @@ func decodeMessages(msgs []jetstream.Msg) []*event {
 
 // Process applies msgs in one transaction and then settles each message:
 // ack when applied, duplicate, stale or parked; a delayed nak on a gap or a
-// failure; dead letter and term when malformed, or when its deliveries are
-// used up. If the batch transaction fails, each event is tried in a
+// transient failure; dead letter and term when malformed, on a permanent
+// failure (see Permanent), or when its deliveries are used up. If the batch transaction fails, each event is tried in a
 // transaction of its own, so one bad event cannot hold up the others. A long
 // batch tells JetStream it is still in progress.
 func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
@@ -325,7 +326,7 @@ func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 			case errors.Is(err, domain.ErrMalformedEvent):
 				e.outcome, e.err = Malformed, err
 			case err != nil:
-				e.err = err
+				e.err, e.permanent = err, Permanent(err)
 			}
 		}
 	}
@@ -362,6 +363,10 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			r.deadLetterAndTerm(ctx, e, e.err.Error())
 			r.stats[Malformed].Add(1)
 			dead[e.env.AggregateID] = !e.undecodable
+			continue
+		case e.err != nil && e.permanent:
+			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("permanent failure (no retry can fix it): %v", e.err))
+			dead[e.env.AggregateID] = true
 			continue
 		case e.err != nil && final:
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err))

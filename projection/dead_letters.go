@@ -88,12 +88,13 @@ func DeadLetterProjection(ctx context.Context, db postgres.DB, id int64) (string
 	return name, nil
 }
 
-// storedEvents reads the dead letters that match where, locked, as events
-// in (aggregate, version) order. Each event carries its row's id (deadID):
+// storedEvents reads the dead letters that clause (the query's text after
+// WHERE, with its locking clause) selects, as events in (aggregate, version)
+// order. Each event carries its row's id (deadID):
 // decode reorders the events, so a list of ids kept beside them would no
 // longer line up.
-func storedEvents(ctx context.Context, tx pgx.Tx, where string, args ...any) ([]*event, error) {
-	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries FROM dead_letters WHERE `+where+` FOR UPDATE`, args...)
+func storedEvents(ctx context.Context, tx pgx.Tx, clause string, args ...any) ([]*event, error) {
+	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries FROM dead_letters WHERE `+clause, args...)
 	var events []*event
 	var id, seq int64
 	var deliveries int32
@@ -136,7 +137,7 @@ func (r *Runner) DiscardDeadLetter(ctx context.Context, id int64) (applied int, 
 func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied int, err error) {
 	err = postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
 		applied = 0
-		dead, err := storedEvents(ctx, tx, `projection = $1 AND id = $2 AND status = 'open'`, r.proj.Name(), id)
+		dead, err := storedEvents(ctx, tx, `projection = $1 AND id = $2 AND status = 'open' FOR UPDATE`, r.proj.Name(), id)
 		if err != nil {
 			return err
 		}
@@ -181,7 +182,7 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 				applied++
 			}
 		}
-		parked, err := storedEvents(ctx, tx, `projection = $1 AND aggregate_id = $2 AND status = 'parked'`, r.proj.Name(), e.env.AggregateID)
+		parked, err := storedEvents(ctx, tx, `projection = $1 AND aggregate_id = $2 AND status = 'parked' FOR UPDATE`, r.proj.Name(), e.env.AggregateID)
 		if err != nil || len(parked) == 0 {
 			return err
 		}

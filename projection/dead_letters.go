@@ -22,7 +22,8 @@ const (
 )
 
 // ErrNoDeadLetter is returned by RetryDeadLetter and DiscardDeadLetter for an
-// id that is not an open dead letter of the projection.
+// id that is not an open dead letter of the projection, and by
+// DeadLetterProjection for an id that is no dead letter at all.
 var ErrNoDeadLetter = errors.New("no open dead letter with that id")
 
 const deadLetterInsertSQL = `
@@ -72,21 +73,49 @@ ORDER BY id`, all)
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
 }
 
-// stored is a dead letter as an event again.
-func storedEvent(ctx context.Context, tx pgx.Tx, where string, args ...any) ([]*event, []int64, error) {
-	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries FROM dead_letters WHERE `+where+` FOR UPDATE`, args...)
+// DeadLetterProjection returns the projection that dead letter id belongs
+// to. It returns ErrNoDeadLetter if there is no such dead letter, and any
+// other database error as it is, with context.
+func DeadLetterProjection(ctx context.Context, db postgres.DB, id int64) (string, error) {
+	var name string
+	err := db.QueryRow(ctx, `SELECT projection FROM dead_letters WHERE id = $1`, id).Scan(&name)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
+	case err != nil:
+		return "", fmt.Errorf("look up dead letter %d: %w", id, err)
+	}
+	return name, nil
+}
+
+// storedEvents reads the dead letters that clause (the query's text after
+// WHERE, with its locking clause) selects, as events in (aggregate, version)
+// order. Each event carries its row's id (deadID):
+// decode reorders the events, so a list of ids kept beside them would no
+// longer line up.
+func storedEvents(ctx context.Context, tx pgx.Tx, clause string, args ...any) ([]*event, error) {
+	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries FROM dead_letters WHERE `+clause, args...)
 	var events []*event
-	var ids []int64
 	var id, seq int64
 	var deliveries int32
 	var subject string
 	var payload []byte
-	_, err := pgx.ForEachRow(rows, []any{&id, &subject, &payload, &seq, &deliveries}, func() error {
-		events = append(events, &event{subject: subject, data: payload, seq: uint64(seq), deliveries: uint64(deliveries)})
-		ids = append(ids, id)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &subject, &payload, &seq, &deliveries}, func() error {
+		events = append(events, &event{deadID: id, subject: subject, data: payload, seq: uint64(seq), deliveries: uint64(deliveries)})
 		return nil
-	})
-	return decode(events), ids, err
+	}); err != nil {
+		return nil, fmt.Errorf("read dead letters: %w", err)
+	}
+	return decode(events), nil
+}
+
+// deadIDs are the dead_letters ids of events.
+func deadIDs(events []*event) []int64 {
+	ids := make([]int64, len(events))
+	for i, e := range events {
+		ids[i] = e.deadID
+	}
+	return ids
 }
 
 // RetryDeadLetter applies the open dead letter id of this projection again,
@@ -108,7 +137,7 @@ func (r *Runner) DiscardDeadLetter(ctx context.Context, id int64) (applied int, 
 func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied int, err error) {
 	err = postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
 		applied = 0
-		dead, ids, err := storedEvent(ctx, tx, `projection = $1 AND id = $2 AND status = 'open'`, r.proj.Name(), id)
+		dead, err := storedEvents(ctx, tx, `projection = $1 AND id = $2 AND status = 'open' FOR UPDATE`, r.proj.Name(), id)
 		if err != nil {
 			return err
 		}
@@ -116,8 +145,8 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 			return fmt.Errorf("%w: %d (projection %s)", ErrNoDeadLetter, id, r.proj.Name())
 		}
 		e := dead[0]
-		if _, err := tx.Exec(ctx, `UPDATE dead_letters SET status = $2, resolved_at = now() WHERE id = ANY($1)`, ids, status); err != nil {
-			return err
+		if _, err := tx.Exec(ctx, `UPDATE dead_letters SET status = $2, resolved_at = now() WHERE id = ANY($1)`, deadIDs(dead), status); err != nil {
+			return fmt.Errorf("mark dead letter %d %s: %w", id, status, err)
 		}
 		if e.undecodable {
 			if status == statusRetried {
@@ -153,7 +182,7 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 				applied++
 			}
 		}
-		parked, parkedIDs, err := storedEvent(ctx, tx, `projection = $1 AND aggregate_id = $2 AND status = 'parked'`, r.proj.Name(), e.env.AggregateID)
+		parked, err := storedEvents(ctx, tx, `projection = $1 AND aggregate_id = $2 AND status = 'parked' FOR UPDATE`, r.proj.Name(), e.env.AggregateID)
 		if err != nil || len(parked) == 0 {
 			return err
 		}
@@ -161,16 +190,18 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 			return err
 		}
 		var done []int64
-		for i, p := range parked {
+		for _, p := range parked {
 			if p.outcome == Applied || p.outcome == Duplicate || p.outcome == Stale {
-				done = append(done, parkedIDs[i])
+				done = append(done, p.deadID)
 				if p.outcome == Applied {
 					applied++
 				}
 			}
 		}
-		_, err = tx.Exec(ctx, `UPDATE dead_letters SET status = 'retried', resolved_at = now() WHERE id = ANY($1)`, done)
-		return err
+		if _, err := tx.Exec(ctx, `UPDATE dead_letters SET status = 'retried', resolved_at = now() WHERE id = ANY($1)`, done); err != nil {
+			return fmt.Errorf("mark parked events retried: %w", err)
+		}
+		return nil
 	})
 	return applied, err
 }

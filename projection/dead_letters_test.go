@@ -2,12 +2,19 @@ package projection
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/stream"
 )
 
 // A poison event (here: a read-model constraint it breaks, standing for a
-// bug in the projection) is dead-lettered after MaxDeliver attempts; the
+// bug in the projection) is dead-lettered on its first delivery, since no
+// retry can fix a constraint violation; the
 // same order's later events park behind it; other orders keep flowing; and
 // once the cause is fixed, retry applies the poison event and the parked
 // ones, in order.
@@ -40,8 +47,8 @@ func TestPoisonEventIsDeadLetteredAndItsAggregateParked(t *testing.T) {
 	if err := f.db.QueryRow(ctx, `SELECT id, deliveries, error FROM dead_letters WHERE status = 'open'`).Scan(&id, &deliveries, &reason); err != nil {
 		t.Fatal(err)
 	}
-	if deliveries != 3 || reason == "" {
-		t.Fatalf("dead letter after %d deliveries, reason %q; want 3 and the error", deliveries, reason)
+	if deliveries != 1 || reason == "" {
+		t.Fatalf("dead letter after %d deliveries, reason %q; want 1 and the error", deliveries, reason)
 	}
 	if n := f.count(t, `SELECT count(*) FROM order_views WHERE customer_id = 'poison'`); n != 0 {
 		t.Fatal("a poisoned order's event was applied out of order")
@@ -109,5 +116,74 @@ func TestDiscardSkipsTheDeadLetterAndReleasesItsParkedEvents(t *testing.T) {
 	}
 	if status != "shipped" || version != 3 || paidAt != nil {
 		t.Fatalf("after discard: %s v%d paid_at %v; want shipped v3 without the discarded payment", status, version, paidAt)
+	}
+}
+
+// A retry settles each parked event by its own row, whatever order the rows
+// were stored in: parked v4 and v2 behind an open v1, v3 missing. The retry
+// applies v1 and v2, marks exactly their rows retried, and leaves v4 parked.
+func TestRetryMarksEachParkedEventByItsOwnRow(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		order []int64 // versions of the parked rows, in storage order
+	}{
+		{"v4 stored before v2", []int64{4, 2}},
+		{"v2 stored before v4", []int64{2, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, Config{})
+			ctx := context.Background()
+			// Without the index (a plan that does not use it) the rows come
+			// back in storage order, not version order.
+			if _, err := f.db.Exec(ctx, `DROP INDEX dead_letters_unresolved`); err != nil {
+				t.Fatal(err)
+			}
+			envs := lifecycleEvents(t, "c-order")
+			v4 := envs[2]
+			v4.ID, v4.Type, v4.AggregateVersion = uuid.Must(uuid.NewV7()), "order.noted", 4
+			v4.Data = json.RawMessage(`{"note":"fragile"}`)
+			byVersion := map[int64]domain.Envelope{1: envs[0], 2: envs[1], 4: v4}
+			store := func(v int64, status string) int64 {
+				t.Helper()
+				env := byVersion[v]
+				data, err := json.Marshal(env)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e := &event{subject: stream.Subject(env.Type), data: data, seq: uint64(v), deliveries: 1, env: env}
+				if err := f.runner.deadLetter(ctx, f.db, e, status, "test"); err != nil {
+					t.Fatal(err)
+				}
+				var id int64
+				if err := f.db.QueryRow(ctx, `SELECT max(id) FROM dead_letters`).Scan(&id); err != nil {
+					t.Fatal(err)
+				}
+				return id
+			}
+			open := store(1, statusOpen)
+			ids := map[int64]int64{}
+			for _, v := range tc.order {
+				ids[v] = store(v, statusParked)
+			}
+
+			applied, err := f.runner.RetryDeadLetter(ctx, open)
+			if err != nil || applied != 2 {
+				t.Fatalf("retry applied %d, err %v; want v1 and v2", applied, err)
+			}
+			for v, want := range map[int64]string{2: statusRetried, 4: statusParked} {
+				var status string
+				if err := f.db.QueryRow(ctx, `SELECT status FROM dead_letters WHERE id = $1`, ids[v]).Scan(&status); err != nil {
+					t.Fatal(err)
+				}
+				if status != want {
+					t.Errorf("v%d's row is %s, want %s", v, status, want)
+				}
+			}
+			if v, _ := f.view(t, envs[0].AggregateID); v != 2 {
+				t.Fatalf("view at v%d, want v2", v)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -19,15 +20,35 @@ import (
 	"github.com/acme/orders/stream"
 )
 
+// Defaults of Config, taken for zero values.
+const (
+	DefaultBatchSize  = 250
+	DefaultWorkers    = 2
+	DefaultAckWait    = 30 * time.Second
+	DefaultMaxDeliver = 10
+	DefaultGapDelay   = 500 * time.Millisecond
+	DefaultRetryDelay = time.Second
+	// DefaultAckPendingBatches is the consumer's MaxAckPending by default,
+	// in batches per worker: 10 × 250 × 2 = 5,000 messages.
+	DefaultAckPendingBatches = 10
+	// DefaultTenantShare is the most of the consumer's window (MaxAckPending)
+	// that one tenant's delayed messages may hold in a runner.
+	DefaultTenantShare = 0.1
+	// DefaultRedriveInterval is how often a runner looks for parked events
+	// that no open dead letter holds back and are due for another attempt.
+	DefaultRedriveInterval = time.Second
+)
+
 // Config tunes a Runner. Zero values take the defaults; the README's
 // "Operating it" explains each choice.
 type Config struct {
-	// BatchSize is the most events applied in one transaction; default 250.
+	// BatchSize is the most events applied in one transaction; default
+	// DefaultBatchSize.
 	BatchSize int
 	// Workers is how many batches this runner applies at once (each in its
 	// own transaction), so that decoding one overlaps the database work of
-	// another; default 2. Like workers in other processes, they share the
-	// consumer, and the version gate keeps them exact.
+	// another; default DefaultWorkers. Like workers in other processes, they
+	// share the consumer, and the version gate keeps them exact.
 	Workers int
 	// BatchWait is how long a batch waits, after its first event, for more
 	// to fill it; default 0: a batch is whatever is buffered already, for the
@@ -35,45 +56,89 @@ type Config struct {
 	// trickle of events.
 	BatchWait time.Duration
 	// AckWait is how long JetStream waits for an ack before it redelivers
-	// (after a worker died mid-batch); default 30s. A batch that runs long
-	// sends InProgress every AckWait/3, so it is never redelivered while it
-	// is being worked on.
+	// (after a worker died mid-batch); default DefaultAckWait. A batch that
+	// runs long sends InProgress every AckWait/3, so it is never redelivered
+	// while it is being worked on.
 	AckWait time.Duration
 	// MaxDeliver is how many deliveries an event gets before it is
-	// dead-lettered (a failure that outlasts the backoff, or a predecessor
-	// that never comes); default 10.
+	// dead-lettered (a transient failure that outlasts the backoff, or a
+	// predecessor that never comes); default DefaultMaxDeliver. A permanent
+	// failure (see Permanent) is dead-lettered on its first delivery.
 	MaxDeliver int
 	// GapDelay is how long an event whose predecessor is missing waits
 	// before it is delivered again (doubling with each delivery, up to
-	// 30s); default 500ms.
+	// 30s); default DefaultGapDelay.
 	GapDelay time.Duration
 	// RetryDelay is how long a failed event waits before its next delivery
-	// (doubling with each, up to a minute); default 1s.
+	// (doubling with each, up to a minute); default DefaultRetryDelay.
 	RetryDelay time.Duration
 	// StreamReplicas is the stream's replication (3 on a cluster); default 1.
 	StreamReplicas int
+	// MaxAckPending is the consumer's in-flight window: the most messages
+	// delivered and not yet acked, across every process sharing it;
+	// default DefaultAckPendingBatches × BatchSize × Workers.
+	MaxAckPending int
+	// TenantShare is the most of MaxAckPending that one tenant's delayed
+	// messages (nak'ed with a delay after a transient failure or while
+	// waiting for a predecessor) may hold in this runner, in (0, 1];
+	// default DefaultTenantShare. Past it, the runner parks the tenant's
+	// further delayed events in dead_letters and acks them, and re-drives
+	// them itself (RedriveInterval), so one tenant's failures cannot fill
+	// the window and hold the other tenants' events back.
+	TenantShare float64
+	// RedriveInterval is how often the runner re-drives parked events that
+	// no open dead letter holds back; default DefaultRedriveInterval.
+	RedriveInterval time.Duration
 }
 
 func (c Config) withDefaults() Config {
 	if c.BatchSize <= 0 {
-		c.BatchSize = 250
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.AckWait <= 0 {
-		c.AckWait = 30 * time.Second
+		c.AckWait = DefaultAckWait
 	}
 	if c.Workers <= 0 {
-		c.Workers = 2
+		c.Workers = DefaultWorkers
 	}
 	if c.MaxDeliver <= 0 {
-		c.MaxDeliver = 10
+		c.MaxDeliver = DefaultMaxDeliver
 	}
 	if c.GapDelay <= 0 {
-		c.GapDelay = 500 * time.Millisecond
+		c.GapDelay = DefaultGapDelay
 	}
 	if c.RetryDelay <= 0 {
-		c.RetryDelay = time.Second
+		c.RetryDelay = DefaultRetryDelay
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = DefaultAckPendingBatches * c.BatchSize * c.Workers
+	}
+	if c.TenantShare == 0 {
+		c.TenantShare = DefaultTenantShare
+	}
+	if c.RedriveInterval <= 0 {
+		c.RedriveInterval = DefaultRedriveInterval
 	}
 	return c
+}
+
+// Validate reports the first setting of c (with defaults filled in) that is
+// out of range, naming the field.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.MaxAckPending < 1:
+		return fmt.Errorf("projection config: MaxAckPending must be at least 1, got %d", c.MaxAckPending)
+	case !(c.TenantShare > 0 && c.TenantShare <= 1):
+		return fmt.Errorf("projection config: TenantShare must be in (0, 1], got %v", c.TenantShare)
+	}
+	return nil
+}
+
+// tenantLimit is the most delayed messages one tenant may hold in this
+// runner: TenantShare of MaxAckPending, at least one.
+func (c Config) tenantLimit() int {
+	return max(1, int(c.TenantShare*float64(c.MaxAckPending)))
 }
 
 // Runner feeds one projection from its durable consumer. Any number of
@@ -86,14 +151,18 @@ type Runner struct {
 	logger *slog.Logger
 	cfg    Config
 
-	stats [outcomeCount]atomic.Int64 // per Outcome
+	stats    [outcomeCount]atomic.Int64 // per Outcome
+	deferred atomic.Int64               // delayed events parked past their tenant's share
+	window   *delayedWindow
 }
 
 // NewRunner returns a Runner applying the stream on js to proj in db. js may
 // be nil for the operations that need only the database (dead letters,
 // rebuild).
 func NewRunner(db *pgxpool.Pool, js jetstream.JetStream, proj Projection, logger *slog.Logger, cfg Config) *Runner {
-	return &Runner{db: db, js: js, proj: proj, logger: logger.With("projection", proj.Name()), cfg: cfg.withDefaults()}
+	cfg = cfg.withDefaults()
+	return &Runner{db: db, js: js, proj: proj, logger: logger.With("projection", proj.Name()), cfg: cfg,
+		window: newDelayedWindow(cfg.tenantLimit())}
 }
 
 // Name is the projection's name.
@@ -102,6 +171,10 @@ func (r *Runner) Name() string { return r.proj.Name() }
 // Stats counts events by outcome since start.
 type Stats struct {
 	Applied, Duplicates, Stale, Gaps, Malformed, Parked, DeadLettered int64
+	// Deferred counts delayed events parked (and acked) because their
+	// tenant held its share of the consumer's window; the runner re-drives
+	// them from dead_letters.
+	Deferred int64
 }
 
 // Stats returns the runner's counters.
@@ -114,6 +187,7 @@ func (r *Runner) Stats() Stats {
 		Malformed:    r.stats[Malformed].Load(),
 		Parked:       r.stats[Parked].Load(),
 		DeadLettered: r.stats[DeadLettered].Load(),
+		Deferred:     r.deferred.Load(),
 	}
 }
 
@@ -137,7 +211,7 @@ func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       r.cfg.AckWait,
 		MaxDeliver:    -1,
-		MaxAckPending: 10 * r.cfg.BatchSize * r.cfg.Workers,
+		MaxAckPending: r.cfg.MaxAckPending,
 		Replicas:      r.cfg.StreamReplicas,
 	})
 	if err != nil {
@@ -150,6 +224,9 @@ func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 // while NATS is unreachable. On shutdown it finishes the batch in hand (and
 // acks it) and hands the buffered, unapplied messages back for redelivery.
 func (r *Runner) Run(ctx context.Context) error {
+	if err := r.cfg.Validate(); err != nil {
+		return fmt.Errorf("projection %s: %w", r.proj.Name(), err)
+	}
 	var cons jetstream.Consumer
 	for {
 		var err error
@@ -191,6 +268,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}()
 
 	var wg sync.WaitGroup
+	wg.Go(func() { r.redriveLoop(ctx) })
 	for range r.cfg.Workers {
 		wg.Go(func() {
 			for {
@@ -255,7 +333,9 @@ type event struct {
 	seq         uint64
 	deliveries  uint64
 	env         domain.Envelope
-	undecodable bool // not an envelope at all
+	undecodable bool  // not an envelope at all
+	deadID      int64 // its dead_letters row, for an event read from there
+	permanent   bool  // err is a failure no retry can fix (Permanent)
 	outcome     Outcome
 	err         error
 }
@@ -279,13 +359,19 @@ func decode(events []*event) []*event {
 			e.outcome, e.undecodable = Malformed, true
 		}
 	}
-	slices.SortStableFunc(events, func(a, b *event) int {
-		if c := cmp.Compare(a.env.AggregateID.String(), b.env.AggregateID.String()); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.env.AggregateVersion, b.env.AggregateVersion)
-	})
+	slices.SortStableFunc(events, compareEvents)
 	return events
+}
+
+// compareEvents orders events by aggregate id, then version: the order in
+// which every batch locks positions and writes shared rows. The ids compare
+// as bytes, which is the order of their text form and PostgreSQL's uuid
+// order, without allocating a string per comparison.
+func compareEvents(a, b *event) int {
+	if c := bytes.Compare(a.env.AggregateID[:], b.env.AggregateID[:]); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.env.AggregateVersion, b.env.AggregateVersion)
 }
 
 func decodeMessages(msgs []jetstream.Msg) []*event {
@@ -298,8 +384,8 @@ func decodeMessages(msgs []jetstream.Msg) []*event {
 
 // Process applies msgs in one transaction and then settles each message:
 // ack when applied, duplicate, stale or parked; a delayed nak on a gap or a
-// failure; dead letter and term when malformed, or when its deliveries are
-// used up. If the batch transaction fails, each event is tried in a
+// transient failure; dead letter and term when malformed, on a permanent
+// failure (see Permanent), or when its deliveries are used up. If the batch transaction fails, each event is tried in a
 // transaction of its own, so one bad event cannot hold up the others. A long
 // batch tells JetStream it is still in progress.
 func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
@@ -307,6 +393,9 @@ func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 	defer stop()
 
 	events := decodeMessages(msgs)
+	for _, e := range events {
+		r.window.received(e.seq)
+	}
 	if err := r.commit(ctx, events); err != nil {
 		r.logger.WarnContext(ctx, "batch failed; applying its events one by one", "events", len(events), "err", err)
 		for _, e := range events {
@@ -317,7 +406,7 @@ func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 			case errors.Is(err, domain.ErrMalformedEvent):
 				e.outcome, e.err = Malformed, err
 			case err != nil:
-				e.err = err
+				e.err, e.permanent = err, Permanent(err)
 			}
 		}
 	}
@@ -355,35 +444,45 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			r.stats[Malformed].Add(1)
 			dead[e.env.AggregateID] = !e.undecodable
 			continue
+		case e.err != nil && e.permanent:
+			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("permanent failure (no retry can fix it): %v", e.err))
+			dead[e.env.AggregateID] = true
+			continue
 		case e.err != nil && final:
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err))
 			dead[e.env.AggregateID] = true
 			continue
-		case e.outcome == Gap && (dead[e.env.AggregateID] || final && r.hasOpenDeadLetter(ctx, e)):
-			// Behind an event just dead-lettered: wait in dead_letters, not
-			// in redeliveries.
-			if err := r.deadLetter(ctx, r.db, e, statusParked, "parked behind an open dead letter of the same order"); err != nil {
-				r.logger.ErrorContext(ctx, "cannot park event; will retry", "event_id", e.env.ID, "err", err)
-				_ = e.msg.NakWithDelay(r.gapDelay(e.deliveries))
+		case e.outcome == Gap && final && !dead[e.env.AggregateID]:
+			open, err := r.hasOpenDeadLetter(ctx, e)
+			if err != nil {
+				// Unknown: neither park nor dead-letter on a guess; ask
+				// again on the next delivery.
+				r.logger.ErrorContext(ctx, "cannot tell whether the event's order is dead-lettered; will retry", "event_id", e.env.ID, "err", err)
+				if err := e.msg.NakWithDelay(r.gapDelay(e.deliveries)); err != nil {
+					r.logger.WarnContext(ctx, "settle message", "event_id", e.env.ID, "outcome", e.outcome.String(), "err", err)
+				}
 				continue
 			}
-			r.stats[Parked].Add(1)
-			_ = e.msg.Ack()
-			continue
-		case e.outcome == Gap && final:
+			if open {
+				r.parkAndAck(ctx, e)
+				continue
+			}
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
 				e.env.AggregateVersion, e.env.AggregateVersion-1, e.deliveries))
 			dead[e.env.AggregateID] = true
+			continue
+		case e.outcome == Gap && dead[e.env.AggregateID]:
+			r.parkAndAck(ctx, e)
 			continue
 		}
 		var err error
 		switch {
 		case e.err != nil:
 			r.logger.ErrorContext(ctx, "event failed; will be redelivered", "event_id", e.env.ID, "deliveries", e.deliveries, "err", e.err)
-			err = e.msg.NakWithDelay(r.retryDelay(e.deliveries))
+			r.delay(ctx, e, r.retryDelay(e.deliveries), fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err))
 		case e.outcome == Gap:
-			err = e.msg.NakWithDelay(r.gapDelay(e.deliveries))
 			r.stats[Gap].Add(1)
+			r.delay(ctx, e, r.gapDelay(e.deliveries), fmt.Sprintf("version %d waits for version %d", e.env.AggregateVersion, e.env.AggregateVersion-1))
 		default:
 			err = e.msg.Ack()
 			r.stats[e.outcome].Add(1)
@@ -395,12 +494,55 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 }
 
 // hasOpenDeadLetter reports whether e's aggregate has an open dead letter in
-// this projection.
-func (r *Runner) hasOpenDeadLetter(ctx context.Context, e *event) bool {
+// this projection. An error means the answer is unknown (never "no").
+func (r *Runner) hasOpenDeadLetter(ctx context.Context, e *event) (bool, error) {
 	var open bool
-	err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'open')`,
-		r.proj.Name(), e.env.AggregateID).Scan(&open)
-	return err == nil && open
+	if err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'open')`,
+		r.proj.Name(), e.env.AggregateID).Scan(&open); err != nil {
+		return false, fmt.Errorf("look up open dead letters of aggregate %s: %w", e.env.AggregateID, err)
+	}
+	return open, nil
+}
+
+// delay hands e back to JetStream for redelivery after d, if its tenant
+// holds fewer delayed messages than its share of the window. Past it, e is
+// parked in dead_letters (deferred: no open dead letter holds it back) and
+// acked, out of the window; redriveLoop tries it again from there. If it
+// cannot be parked, it is nak'ed all the same: never lost.
+func (r *Runner) delay(ctx context.Context, e *event, d time.Duration, why string) {
+	now := time.Now()
+	if !r.window.admit(e.seq, e.env.TenantID, now.Add(d+r.cfg.AckWait), now) {
+		reason := fmt.Sprintf("deferred: tenant %s holds its share of the consumer's window (%d delayed events); %s",
+			e.env.TenantID, r.window.held(e.env.TenantID), why)
+		err := r.deadLetter(ctx, r.db, e, statusParked, reason)
+		if err == nil {
+			r.deferred.Add(1)
+			if err := e.msg.Ack(); err != nil {
+				r.logger.WarnContext(ctx, "ack deferred message", "event_id", e.env.ID, "err", err)
+			}
+			return
+		}
+		r.logger.ErrorContext(ctx, "cannot defer event past its tenant's share; nak'ing it", "event_id", e.env.ID, "tenant_id", e.env.TenantID, "err", err)
+	}
+	if err := e.msg.NakWithDelay(d); err != nil {
+		r.logger.WarnContext(ctx, "nak message with delay", "event_id", e.env.ID, "err", err)
+	}
+}
+
+// parkAndAck parks e behind its order's open dead letter: it waits in
+// dead_letters, not in redeliveries. If it cannot be parked, it is nak'ed.
+func (r *Runner) parkAndAck(ctx context.Context, e *event) {
+	if err := r.deadLetter(ctx, r.db, e, statusParked, "parked behind an open dead letter of the same order"); err != nil {
+		r.logger.ErrorContext(ctx, "cannot park event; will retry", "event_id", e.env.ID, "err", err)
+		if err := e.msg.NakWithDelay(r.gapDelay(e.deliveries)); err != nil {
+			r.logger.WarnContext(ctx, "nak unparked message", "event_id", e.env.ID, "err", err)
+		}
+		return
+	}
+	r.stats[Parked].Add(1)
+	if err := e.msg.Ack(); err != nil {
+		r.logger.WarnContext(ctx, "ack parked message", "event_id", e.env.ID, "err", err)
+	}
 }
 
 // deadLetterAndTerm records e in dead_letters and terminates its message.
@@ -409,7 +551,9 @@ func (r *Runner) hasOpenDeadLetter(ctx context.Context, e *event) bool {
 func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string) {
 	if err := r.deadLetter(ctx, r.db, e, statusOpen, reason); err != nil {
 		r.logger.ErrorContext(ctx, "cannot record dead letter; will retry", "event_id", e.env.ID, "err", err)
-		_ = e.msg.NakWithDelay(r.retryDelay(e.deliveries))
+		if err := e.msg.NakWithDelay(r.retryDelay(e.deliveries)); err != nil {
+			r.logger.WarnContext(ctx, "nak message that could not be dead-lettered", "event_id", e.env.ID, "err", err)
+		}
 		return
 	}
 	r.logger.ErrorContext(ctx, "event dead-lettered", "stream_seq", e.seq, "event_id", e.env.ID,

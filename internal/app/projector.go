@@ -89,11 +89,15 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		defaultAddr = v
 	}
 	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", defaultAddr, "address to serve /healthz, /readyz and /metrics on, else $HTTP_ADDR")
-	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", 250, "most events applied in one transaction")
-	workers := env.Int(fs, "workers", "PROJECTOR_WORKERS", 2, "batches each projection applies at once in this process")
+	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", projection.DefaultBatchSize, "most events applied in one transaction")
+	workers := env.Int(fs, "workers", "PROJECTOR_WORKERS", projection.DefaultWorkers, "batches each projection applies at once in this process")
 	batchWait := env.Duration(fs, "batch-wait", "PROJECTOR_BATCH_WAIT", 0, "wait this long after a batch's first event for more (0: take what is buffered)")
-	ackWait := env.Duration(fs, "ack-wait", "PROJECTOR_ACK_WAIT", 30*time.Second, "redeliver an event after this long without an ack")
-	maxDeliver := env.Int(fs, "max-deliver", "PROJECTOR_MAX_DELIVER", 10, "dead-letter an event after this many deliveries")
+	ackWait := env.Duration(fs, "ack-wait", "PROJECTOR_ACK_WAIT", projection.DefaultAckWait, "redeliver an event after this long without an ack")
+	maxDeliver := env.Int(fs, "max-deliver", "PROJECTOR_MAX_DELIVER", projection.DefaultMaxDeliver, "dead-letter an event after this many deliveries")
+	maxAckPending := env.Int(fs, "max-ack-pending", "PROJECTOR_MAX_ACK_PENDING", 0,
+		fmt.Sprintf("each consumer's in-flight window (0: %d × batch size × workers)", projection.DefaultAckPendingBatches))
+	tenantShare := env.Int(fs, "tenant-share-percent", "PROJECTOR_TENANT_SHARE_PERCENT", int(projection.DefaultTenantShare*100),
+		"most of the in-flight window one tenant's delayed events may hold, in percent; the excess is parked and re-driven")
 	replicas := env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream and consumers (3 on a cluster)")
 	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 10, "most PostgreSQL connections of this process")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
@@ -125,12 +129,20 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		return fmt.Errorf("-max-deliver must be at least 1, got %d", *maxDeliver)
 	case *ackWait < time.Second:
 		return fmt.Errorf("-ack-wait must be at least 1s, got %s", *ackWait)
+	case *maxAckPending < 0:
+		return fmt.Errorf("-max-ack-pending must be at least 0, got %d", *maxAckPending)
+	case *tenantShare < 1 || *tenantShare > 100:
+		return fmt.Errorf("-tenant-share-percent must be 1 to 100, got %d", *tenantShare)
 	}
 	cfg = projectorConfig{
 		databaseURL: *databaseURL, natsURL: *natsURL, httpAddr: *httpAddr,
 		logFormat: *logFormat, logLevel: *logLevel, poolSize: *poolSize, all: *all,
-		runner: projection.Config{BatchSize: *batchSize, Workers: *workers, BatchWait: *batchWait, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas},
-		inbox:  projection.InboxPruneConfig{Retention: *inboxRetention, Interval: *inboxPruneInterval},
+		runner: projection.Config{BatchSize: *batchSize, Workers: *workers, BatchWait: *batchWait, AckWait: *ackWait, MaxDeliver: *maxDeliver,
+			StreamReplicas: *replicas, MaxAckPending: *maxAckPending, TenantShare: float64(*tenantShare) / 100},
+		inbox: projection.InboxPruneConfig{Retention: *inboxRetention, Interval: *inboxPruneInterval},
+	}
+	if err := cfg.runner.Validate(); err != nil {
+		return err
 	}
 	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "projector")
 	if sub != "" {
@@ -173,9 +185,9 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		if fs.NArg() != 1 || err != nil {
 			return fmt.Errorf("%s needs one dead letter ID\n%s", sub, projectorUsage)
 		}
-		var name string
-		if err := pool.QueryRow(ctx, `SELECT projection FROM dead_letters WHERE id = $1`, id).Scan(&name); err != nil {
-			return fmt.Errorf("dead letter %d: %w", id, projection.ErrNoDeadLetter)
+		name, err := projection.DeadLetterProjection(ctx, pool, id)
+		if err != nil {
+			return err
 		}
 		r, err := runnerOf(nil, name)
 		if err != nil {
@@ -295,6 +307,7 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner 
 		perRunner("projection_stale_skipped_total", "events the projection was already past", true, func(s projection.Stats) int64 { return s.Stale }),
 		perRunner("projection_gaps_waited_total", "events that arrived before their predecessor and were redelivered later", true, func(s projection.Stats) int64 { return s.Gaps }),
 		perRunner("projection_parked_total", "events parked behind a dead letter", true, func(s projection.Stats) int64 { return s.Parked }),
+		perRunner("projection_deferred_total", "delayed events parked past their tenant's share of the in-flight window, re-driven later", true, func(s projection.Stats) int64 { return s.Deferred }),
 		perRunner("projection_dead_lettered_total", "events dead-lettered (malformed included)", true, func(s projection.Stats) int64 { return s.DeadLettered + s.Malformed }),
 		applied,
 		lag("projection_pending_events", "events in the stream not yet delivered", func(l projection.Lag) float64 { return float64(l.Pending) }),

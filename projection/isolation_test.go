@@ -1,0 +1,78 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/internal/testenv"
+)
+
+// One tenant's events keep failing: tenant "flaky" with a transient error
+// (until it is cured), tenant "poison" with a real range error (SQLSTATE
+// 22003). Together they are three times the consumer's window. Another
+// tenant's events, published behind them, are still applied within a few
+// seconds; and once "flaky" is cured, every one of its events is applied,
+// once and in version order.
+func TestFailingTenantDoesNotHoldOtherTenantsBack(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Workers: 1, BatchSize: 10, MaxAckPending: 40, TenantShare: 0.25,
+		RetryDelay: 300 * time.Millisecond, GapDelay: 100 * time.Millisecond, RedriveInterval: 100 * time.Millisecond}
+	f := newFixture(t, cfg)
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, poisonTrigger); err != nil {
+		t.Fatal(err)
+	}
+	var flaky atomic.Bool
+	flaky.Store(true)
+	f.runner = NewRunner(f.db, f.js, failingProjection{OrderViews{}, func(e domain.Envelope) error {
+		if e.TenantID == "flaky" && flaky.Load() {
+			return errors.New("downstream hiccup")
+		}
+		return nil
+	}}, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
+
+	const orders = 20 // per failing tenant, 3 events each: 120 events, 3 × MaxAckPending
+	for range orders {
+		for _, e := range append(orderEvents(t, "flaky", "c-f"), orderEvents(t, "poison", "c-p")...) {
+			f.publish(t, e, e.ID.String())
+		}
+	}
+	f.run(t)
+	eventually(t, "the poison tenant's orders are dead-lettered", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE tenant_id = 'poison' AND status = 'open'`) == orders
+	})
+	time.Sleep(500 * time.Millisecond) // the flaky tenant's events are failing and backing off
+
+	var healthy []domain.Envelope
+	for range orders {
+		healthy = append(healthy, orderEvents(t, "healthy", "c-h")[0])
+	}
+	start := time.Now()
+	for _, e := range healthy {
+		f.publish(t, e, e.ID.String())
+	}
+	testenv.Eventually(t, 5*time.Second, "the healthy tenant's orders are applied", func() bool {
+		return f.count(t, `SELECT count(*) FROM order_views WHERE tenant_id = 'healthy'`) == orders
+	})
+	t.Logf("healthy tenant applied in %s", time.Since(start).Round(time.Millisecond))
+	if n := f.count(t, `SELECT count(*) FROM order_views WHERE tenant_id = 'flaky'`); n != 0 {
+		t.Fatalf("%d flaky orders applied while failing", n)
+	}
+
+	flaky.Store(false)
+	testenv.Eventually(t, 30*time.Second, "every flaky order is applied to its last version", func() bool {
+		return f.count(t, `SELECT count(*) FROM order_views WHERE tenant_id = 'flaky' AND version = 3 AND status = 'shipped'`) == orders
+	})
+	if n := f.count(t, `SELECT count(*) FROM inbox WHERE tenant_id = 'flaky'`); n != 3*orders {
+		t.Fatalf("inbox rows of the flaky tenant = %d, want %d (each event once)", n, 3*orders)
+	}
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE tenant_id IN ('flaky', 'healthy') AND status IN ('open', 'parked')`); n != 0 {
+		t.Fatalf("%d events of the flaky or healthy tenant still unresolved", n)
+	}
+	t.Logf("stats %+v", f.runner.Stats())
+}

@@ -1,0 +1,188 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/postgres"
+)
+
+// redriveClause selects (for storedEvents) the parked events of the
+// projection that no open dead letter of their order holds back (those
+// deferred past their tenant's share, and those a retry or discard left
+// behind because their own predecessor was still missing) and whose next
+// attempt is due: created_at (when the row was last parked) plus the retry
+// backoff of its deliveries. Rows another runner is re-driving are skipped.
+const redriveClause = `projection = $1 AND status = 'parked'
+  AND created_at + least($2::bigint * interval '1 microsecond' * power(2, least(greatest(deliveries, 1) - 1, 10)),
+                         interval '1 minute') <= now()
+  AND NOT EXISTS (SELECT 1 FROM dead_letters o
+                  WHERE o.projection = dead_letters.projection AND o.aggregate_id = dead_letters.aggregate_id
+                    AND o.status = 'open')
+ORDER BY aggregate_id, aggregate_version
+LIMIT $3
+FOR UPDATE SKIP LOCKED`
+
+// redriveUpdateSQL records one re-driven event's result.
+const redriveUpdateSQL = `
+UPDATE dead_letters
+SET status = $2, deliveries = $3, error = $4,
+    created_at = CASE WHEN $2 = 'parked' THEN now() ELSE created_at END,
+    resolved_at = CASE WHEN $2 = 'retried' THEN now() END
+WHERE id = $1`
+
+// redriveLoop re-drives due parked events every RedriveInterval until ctx
+// ends, a batch at a time while batches come back full.
+func (r *Runner) redriveLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.RedriveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for ctx.Err() == nil {
+			n, err := r.redrive(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					r.logger.ErrorContext(ctx, "re-drive parked events; will try again", "err", err)
+				}
+				break
+			}
+			if n < r.cfg.BatchSize {
+				break
+			}
+		}
+	}
+}
+
+// redrive takes up to BatchSize due parked events (redriveClause) and, in
+// one transaction, applies them through the same gate as the stream (inbox,
+// positions: each exactly once, in version order) and records each result:
+// applied, duplicate or stale → retried; a permanent failure, or deliveries
+// used up → open dead letter; behind an open dead letter → stays parked
+// behind it; otherwise parked again with one more delivery, to be tried
+// after the backoff. It returns how many events it took.
+func (r *Runner) redrive(ctx context.Context) (int, error) {
+	var taken int
+	err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
+		events, err := storedEvents(ctx, tx, redriveClause, r.proj.Name(), r.cfg.RetryDelay.Microseconds(), r.cfg.BatchSize)
+		if err != nil {
+			return err
+		}
+		taken = len(events)
+		if taken == 0 {
+			return nil
+		}
+		if err := r.applyStored(ctx, tx, events); err != nil {
+			return err
+		}
+		return r.recordRedriven(ctx, tx, events)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("re-drive parked events: %w", err)
+	}
+	return taken, nil
+}
+
+// applyStored applies events in tx, all in one savepoint or, if that fails,
+// each in a savepoint of its own, setting each failed event's err. It
+// returns an error only when tx itself is unusable.
+func (r *Runner) applyStored(ctx context.Context, tx pgx.Tx, events []*event) error {
+	err, txErr := inSavepoint(ctx, tx, func(sp pgx.Tx) error { return r.commitTx(ctx, sp, events) })
+	if txErr != nil || err == nil {
+		return txErr
+	}
+	for _, e := range events {
+		if e.undecodable {
+			continue
+		}
+		err, txErr := inSavepoint(ctx, tx, func(sp pgx.Tx) error { return r.commitTx(ctx, sp, []*event{e}) })
+		if txErr != nil {
+			return txErr
+		}
+		if err != nil {
+			e.outcome, e.err, e.permanent = 0, err, Permanent(err)
+		}
+	}
+	return nil
+}
+
+// inSavepoint runs fn in a savepoint of tx: fnErr is fn's error (the
+// savepoint is rolled back), txErr an error of tx itself.
+func inSavepoint(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) (fnErr, txErr error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin savepoint: %w", err)
+	}
+	if fnErr = fn(sp); fnErr != nil {
+		if err := sp.Rollback(ctx); err != nil {
+			return fnErr, fmt.Errorf("roll back to savepoint after %v: %w", fnErr, err)
+		}
+		return fnErr, nil
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("release savepoint: %w", err)
+	}
+	return nil, nil
+}
+
+// recordRedriven writes each re-driven event's result to its dead_letters
+// row, in tx, in (aggregate, version) order.
+func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event) error {
+	var gapAggs []uuid.UUID
+	for _, e := range events {
+		if e.err == nil && e.outcome == Gap {
+			gapAggs = append(gapAggs, e.env.AggregateID)
+		}
+	}
+	isDead := map[uuid.UUID]bool{}
+	if len(gapAggs) > 0 {
+		var err error
+		if isDead, err = idSet(tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), gapAggs)); err != nil {
+			return fmt.Errorf("find dead-lettered aggregates: %w", err)
+		}
+	}
+	b := &pgx.Batch{}
+	for _, e := range events {
+		deliveries := e.deliveries + 1
+		final := deliveries >= uint64(r.cfg.MaxDeliver)
+		status, reason := statusParked, ""
+		switch {
+		case e.undecodable: // never parked; left as it is
+			continue
+		case e.err != nil && e.permanent:
+			status, reason = statusOpen, fmt.Sprintf("permanent failure (no retry can fix it): %v", e.err)
+		case e.err != nil && final:
+			status, reason = statusOpen, fmt.Sprintf("failed %d times; last error: %v", deliveries, e.err)
+		case e.err != nil:
+			reason = fmt.Sprintf("re-driven; failed %d times; last error: %v", deliveries, e.err)
+		case e.outcome == Gap && isDead[e.env.AggregateID]:
+			reason, deliveries = "parked behind an open dead letter of the same order", e.deliveries
+		case e.outcome == Gap && final:
+			status, reason = statusOpen, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
+				e.env.AggregateVersion, e.env.AggregateVersion-1, deliveries)
+		case e.outcome == Gap:
+			reason = fmt.Sprintf("re-driven; version %d waits for version %d", e.env.AggregateVersion, e.env.AggregateVersion-1)
+		default: // applied, duplicate or stale
+			status, reason, deliveries = statusRetried, "re-driven and "+e.outcome.String(), e.deliveries
+			r.stats[e.outcome].Add(1)
+		}
+		if status == statusOpen {
+			isDead[e.env.AggregateID] = true // its later events in this batch stay parked behind it
+			r.stats[DeadLettered].Add(1)
+			r.logger.ErrorContext(ctx, "re-driven event dead-lettered", "event_id", e.env.ID,
+				"aggregate_id", e.env.AggregateID, "aggregate_version", e.env.AggregateVersion, "reason", reason)
+		}
+		b.Queue(redriveUpdateSQL, e.deadID, status, int64(deliveries), reason)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("record re-driven events: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package projection
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDelayedWindowKeepsEachTenantUnderItsLimit(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	w := newDelayedWindow(2)
+	later := now.Add(time.Minute)
+	if !w.admit(1, "a", later, now) || !w.admit(2, "a", later, now) {
+		t.Fatal("tenant a refused under its limit")
+	}
+	if w.admit(3, "a", later, now) {
+		t.Fatal("tenant a admitted past its limit")
+	}
+	if !w.admit(4, "b", later, now) {
+		t.Fatal("tenant b refused because of tenant a")
+	}
+	if !w.admit(1, "a", later, now) {
+		t.Fatal("a message delayed again was counted twice")
+	}
+	w.received(1) // redelivered: no longer holds a delayed slot
+	if !w.admit(3, "a", later, now) {
+		t.Fatal("tenant a refused after one of its messages came back")
+	}
+	if w.admit(5, "a", later, now) {
+		t.Fatal("tenant a admitted past its limit")
+	}
+	if !w.admit(5, "a", later, later.Add(time.Second)) {
+		t.Fatal("expired entries (taken by another process) still counted")
+	}
+	if !w.admit(0, "a", later, now) {
+		t.Fatal("a message without a stream sequence was refused")
+	}
+}
+
+func TestConfigValidateNamesTheField(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg   Config
+		field string
+	}{
+		{Config{TenantShare: 1.5}, "TenantShare"},
+		{Config{TenantShare: -0.1}, "TenantShare"},
+		{Config{MaxAckPending: -1}, "MaxAckPending"},
+	} {
+		err := tc.cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("Validate(%+v) = %v, want an error naming %s", tc.cfg, err, tc.field)
+		}
+		r := NewRunner(nil, nil, OrderViews{}, slog.New(slog.DiscardHandler), tc.cfg)
+		if err := r.Run(context.Background()); err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("Run with %+v = %v, want an error naming %s", tc.cfg, err, tc.field)
+		}
+	}
+	if err := (Config{}).Validate(); err != nil {
+		t.Fatalf("the defaults do not validate: %v", err)
+	}
+	if got := (Config{}).withDefaults().tenantLimit(); got != 500 {
+		t.Fatalf("default tenant limit = %d, want 10%% of 5,000", got)
+	}
+}

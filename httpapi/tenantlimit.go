@@ -23,9 +23,12 @@ const (
 	// count towards the in-flight limit too.
 	DefaultTenantMaxWaiting = 16
 	// DefaultTenantRate is the sustained request rate of one tenant, per
-	// second, and DefaultTenantBurst the bucket of its token-bucket limit.
-	DefaultTenantRate  = 200.0
-	DefaultTenantBurst = 400
+	// second, and DefaultTenantBurst the bucket of its token-bucket limit:
+	// above what one api process on two cores creates (about 800 orders a
+	// second), so a single busy tenant is bound by capacity, not by policy;
+	// set them lower where many tenants share a deployment.
+	DefaultTenantRate  = 1000.0
+	DefaultTenantBurst = 2000
 	// DefaultMaxTenants bounds the tenants whose limits are kept in memory.
 	DefaultMaxTenants = 10_000
 	// DefaultTenantIdleAfter is how long a tenant without requests keeps its

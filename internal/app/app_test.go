@@ -71,6 +71,11 @@ func newEnv(t *testing.T) map[string]string {
 		"DATABASE_URL": testenv.DatabaseURL(t),
 		"NATS_URL":     testenv.NATS(t).ClientURL(),
 		"LOG_FORMAT":   "json",
+		// These tests drive one tenant as fast as they can: its rate is not
+		// what they test (httpapi's tenant-limit tests and
+		// TestNoisyNeighbour do that).
+		"TENANT_RATE":  "100000",
+		"TENANT_BURST": "100000",
 	}
 }
 

@@ -94,7 +94,10 @@ func (s *stack) startProcess(bin string, env ...string) (*exec.Cmd, error) {
 }
 
 func (s *stack) startAPI() (err error) {
-	s.api, err = s.startProcess("api", fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", s.apiPort))
+	// One tenant drives the whole api: its per-tenant limits step aside
+	// (the rate effectively off, in flight one below the global limit).
+	s.api, err = s.startProcess("api", fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", s.apiPort),
+		"TENANT_RATE=1000000", "TENANT_BURST=1000000", "TENANT_MAX_IN_FLIGHT=511", "TENANT_MAX_WAITING=511")
 	return err
 }
 

@@ -7,6 +7,8 @@
 #   scripts/stack.sh e2e   fresh stack in .local/e2e (api :18080, projector :18081), runs
 #                          api.http with httpyac against it, stops everything, exits with
 #                          httpyac's status.
+# STACK_DIR, PG_PORT, NATS_PORT, API_PORT and PROJECTOR_PORT override the state
+# folder and the ports of either mode (e.g. to run a second stack beside the first).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -16,19 +18,24 @@ cd "$ROOT"
 MODE="${1:-}"
 case "$MODE" in
 run)
-	STATE=.local/run PG_PORT=54329 NATS_PORT=14222 API_PORT=8080 PROJ_PORT=8081
+	STATE=.local/run PG_PORT=${PG_PORT:-54329} NATS_PORT=${NATS_PORT:-14222}
+	API_PORT=${API_PORT:-8080} PROJ_PORT=${PROJECTOR_PORT:-8081}
 	;;
 e2e)
-	STATE=.local/e2e PG_PORT=54339 NATS_PORT=14232 API_PORT=18080 PROJ_PORT=18081
+	STATE=.local/e2e PG_PORT=${PG_PORT:-54339} NATS_PORT=${NATS_PORT:-14232}
+	API_PORT=${API_PORT:-18080} PROJ_PORT=${PROJECTOR_PORT:-18081}
 	unset DATABASE_URL NATS_URL # e2e always uses its own servers
 	;;
 *)
-	sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac
-STATE="$ROOT/$STATE"
-BIN="$ROOT/.local/bin"
+for p in "$PG_PORT" "$NATS_PORT" "$API_PORT" "$PROJ_PORT"; do
+	[[ "$p" =~ ^[0-9]+$ ]] || { echo "stack: ports must be numbers, got '$p'" >&2; exit 2; }
+done
+STATE=$(abs_dir "${STACK_DIR:-$ROOT/$STATE}")
+BIN="$STATE/bin" # per stack, so two stacks never rebuild each other's binaries
 READY_TIMEOUT="${READY_TIMEOUT:-60}"
 
 say() { echo "stack: $*" >&2; }

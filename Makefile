@@ -58,6 +58,9 @@ e2e: ## Start a fresh stack in .local/e2e and run api.http against it with httpy
 	@scripts/stack.sh e2e
 
 http: ## Send api.http to a running `make run` (override: make http BASE_URL=http://host:port)
+	@if ! curl -s -o /dev/null -m 5 '$(BASE_URL)/readyz'; then \
+		echo 'nothing answers on $(BASE_URL) — start it with `make run`' >&2; exit 1; \
+	fi
 	@$(HTTPYAC) send api.http --all --var baseUrl=$(BASE_URL)
 
 migrate: ## Apply database migrations (DATABASE_URL, or the PostgreSQL of `make run`)

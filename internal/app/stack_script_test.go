@@ -17,12 +17,12 @@ import (
 	"github.com/acme/orders/internal/harness"
 )
 
-// The ports other people's stacks and tests use on this machine; the tests
-// of scripts/stack.sh must never touch them.
-var reservedPorts = map[int]bool{8080: true, 8081: true, 14222: true, 54329: true, 54349: true, 55432: true}
+// stackReservedPorts are the default ports of `make run`, `make test` and the
+// shared test server; the tests of scripts/stack.sh never use them.
+var stackReservedPorts = map[int]bool{8080: true, 8081: true, 14222: true, 54329: true, 54349: true, 55432: true}
 
-// repoRoot returns the module's root folder (where go.mod is).
-func repoRoot(tb testing.TB) string {
+// stackRepoRoot returns the module's root folder (where go.mod is).
+func stackRepoRoot(tb testing.TB) string {
 	tb.Helper()
 	dir, err := os.Getwd()
 	if err != nil {
@@ -40,8 +40,8 @@ func repoRoot(tb testing.TB) string {
 	}
 }
 
-// freePorts returns n distinct free ports, none of them reserved.
-func freePorts(tb testing.TB, n int) []int {
+// stackFreePorts returns n distinct free ports, none of them reserved.
+func stackFreePorts(tb testing.TB, n int) []int {
 	tb.Helper()
 	seen := map[int]bool{}
 	var ports []int
@@ -50,7 +50,7 @@ func freePorts(tb testing.TB, n int) []int {
 		if err != nil {
 			tb.Fatalf("free port: %v", err)
 		}
-		if seen[p] || reservedPorts[p] {
+		if seen[p] || stackReservedPorts[p] {
 			continue
 		}
 		seen[p] = true
@@ -79,8 +79,8 @@ func stackEnv(overrides map[string]string) []string {
 	return env
 }
 
-// nonEmptyLines returns the lines of s that are not blank.
-func nonEmptyLines(s string) []string {
+// stackOutputLines returns the lines of s that are not blank.
+func stackOutputLines(s string) []string {
 	var lines []string
 	for _, l := range strings.Split(s, "\n") {
 		if strings.TrimSpace(l) != "" {
@@ -90,8 +90,8 @@ func nonEmptyLines(s string) []string {
 	return lines
 }
 
-// ready reports whether GET url answers 200.
-func ready(url string) bool {
+// stackReady reports whether GET url answers 200.
+func stackReady(url string) bool {
 	c := http.Client{Timeout: 3 * time.Second}
 	resp, err := c.Get(url)
 	if err != nil {
@@ -107,7 +107,7 @@ func ready(url string) bool {
 // real script on free ports in a temporary folder.
 func TestStackScriptRefusesASecondRun(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := stackRepoRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -118,7 +118,7 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 	}
 
 	state := t.TempDir()
-	ports := freePorts(t, 4)
+	ports := stackFreePorts(t, 4)
 	apiURL := fmt.Sprintf("http://127.0.0.1:%d", ports[2])
 	projURL := fmt.Sprintf("http://127.0.0.1:%d", ports[3])
 	overrides := map[string]string{
@@ -193,7 +193,7 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if !ready(apiURL+"/readyz") || !ready(projURL+"/readyz") {
+	if !stackReady(apiURL+"/readyz") || !stackReady(projURL+"/readyz") {
 		t.Fatalf("the first stack said it was up, but its api or projector is not ready:\n%s", firstOut())
 	}
 	if out := firstOut(); strings.Contains(out, "compil") {
@@ -213,7 +213,7 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 		if !errors.As(err, &exit) || exit.ExitCode() == 0 {
 			t.Errorf("second stack: got %v, want a non-zero exit; output:\n%s", err, out)
 		}
-		if lines := nonEmptyLines(string(out)); len(lines) != 1 || !strings.Contains(lines[0], want) {
+		if lines := stackOutputLines(string(out)); len(lines) != 1 || !strings.Contains(lines[0], want) {
 			t.Errorf("second stack: want one line containing %q, got %d lines:\n%s", want, len(lines), out)
 		}
 		select {
@@ -221,7 +221,7 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 			t.Fatalf("the first stack exited (%v) after the second invocation:\n%s", err, firstOut())
 		default:
 		}
-		if !ready(apiURL+"/readyz") || !ready(projURL+"/readyz") {
+		if !stackReady(apiURL+"/readyz") || !stackReady(projURL+"/readyz") {
 			t.Fatalf("the first stack no longer answers /readyz after the second invocation:\n%s", firstOut())
 		}
 	}
@@ -254,7 +254,7 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 	if status.Run() == nil {
 		t.Errorf("the first stack left its PostgreSQL running in %s", state)
 	}
-	if ready(apiURL + "/readyz") {
+	if stackReady(apiURL + "/readyz") {
 		t.Errorf("the api still answers after the stack stopped")
 	}
 }
@@ -263,8 +263,8 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 // httpyac.
 func TestMakeHTTPSaysWhenNothingAnswers(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
-	base := fmt.Sprintf("http://127.0.0.1:%d", freePorts(t, 1)[0])
+	root := stackRepoRoot(t)
+	base := fmt.Sprintf("http://127.0.0.1:%d", stackFreePorts(t, 1)[0])
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "make", "-s", "http", "BASE_URL="+base)
@@ -277,7 +277,7 @@ func TestMakeHTTPSaysWhenNothingAnswers(t *testing.T) {
 	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
 		t.Errorf("make http: got %v, want a non-zero exit", err)
 	}
-	lines := nonEmptyLines(string(out))
+	lines := stackOutputLines(string(out))
 	// make adds its own "*** [Makefile:…] Error 1" line.
 	if len(lines) == 0 || len(lines) > 2 || !strings.Contains(lines[0], "nothing answers on "+base) || !strings.Contains(lines[0], "make run") {
 		t.Errorf("make http: want one line saying nothing answers on %s and how to start it, got %d lines:\n%s", base, len(lines), out)

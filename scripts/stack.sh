@@ -131,24 +131,30 @@ PG_RUNNING=0 NATS_RUNNING=0
 if [ -z "${DATABASE_URL:-}" ] && scripts/pg.sh status "$STATE"; then PG_RUNNING=1; fi
 if [ -z "${NATS_URL:-}" ] && scripts/nats.sh status "$STATE"; then NATS_RUNNING=1; fi
 busy=()
-if port_in_use "$API_PORT"; then busy+=("$API_PORT (api)"); fi
-if port_in_use "$PROJ_PORT"; then busy+=("$PROJ_PORT (projector)"); fi
-if [ -z "${DATABASE_URL:-}" ] && [ "$PG_RUNNING" = 0 ] && port_in_use "$PG_PORT"; then busy+=("$PG_PORT (PostgreSQL)"); fi
-if [ -z "${NATS_URL:-}" ] && [ "$NATS_RUNNING" = 0 ] && port_in_use "$NATS_PORT"; then busy+=("$NATS_PORT (NATS)"); fi
+check_port() { # check_port PORT WHAT: add PORT to busy if something listens there
+	port_in_use "$1" || return 0
+	local pids
+	pids=$(listener_pids "$1" | paste -sd, -)
+	busy+=("$1 ($2${pids:+, held by pid $pids})")
+}
+check_port "$API_PORT" api
+check_port "$PROJ_PORT" projector
+if [ -z "${DATABASE_URL:-}" ] && [ "$PG_RUNNING" = 0 ]; then check_port "$PG_PORT" PostgreSQL; fi
+if [ -z "${NATS_URL:-}" ] && [ "$NATS_RUNNING" = 0 ]; then check_port "$NATS_PORT" NATS; fi
 if [ ${#busy[@]} -gt 0 ]; then
 	list=$(printf ', %s' "${busy[@]}")
 	list=${list#, }
 	if [ ${#busy[@]} = 1 ]; then what="port $list is"; else what="ports $list are"; fi
 	hint=""
 	if port_in_use "$API_PORT"; then hint=" (if it is another stack, its api is http://localhost:$API_PORT)"; fi
-	say "$what already in use$hint; stop that process (Ctrl-C in the terminal of its \`make run\`) or choose free ports with API_PORT, PROJECTOR_PORT, PG_PORT, NATS_PORT"
+	say "$what already in use$hint; stop it (Ctrl-C in the terminal of that \`make run\`, or kill the pid) or choose free ports with API_PORT, PROJECTOR_PORT, PG_PORT, NATS_PORT"
 	exit 1
 fi
 
 # ---- infrastructure -------------------------------------------------------
 if [ -z "${DATABASE_URL:-}" ]; then
 	if [ "$PG_RUNNING" = 1 ]; then
-		say "using the PostgreSQL already running in $SHOWN_STATE (left by an earlier run; it stays running on exit)"
+		say "using the PostgreSQL already running in $SHOWN_STATE (left by an earlier run; it stays running after this one; scripts/pg.sh stop $SHOWN_STATE stops it)"
 		scripts/pg.sh start "$STATE" "$PG_PORT" 9>&- # only makes sure database "orders" exists
 	else
 		say "starting PostgreSQL on 127.0.0.1:$PG_PORT ($SHOWN_STATE)"
@@ -165,7 +171,7 @@ else
 fi
 if [ -z "${NATS_URL:-}" ]; then
 	if [ "$NATS_RUNNING" = 1 ]; then
-		say "using the NATS server already running in $SHOWN_STATE (left by an earlier run; it stays running on exit)"
+		say "using the NATS server already running in $SHOWN_STATE (left by an earlier run; it stays running after this one; scripts/nats.sh stop $SHOWN_STATE stops it)"
 	else
 		say "starting NATS on 127.0.0.1:$NATS_PORT"
 		STARTED_NATS=1
@@ -302,7 +308,7 @@ Try it:
 or, in another terminal:
     make http
 
-Ctrl-C stops everything.
+Ctrl-C stops everything this run started.
 
 BANNER
 

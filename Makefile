@@ -7,8 +7,9 @@ SHELL := bash
 MAKEFLAGS += --no-print-directory
 
 # PostgreSQL for `make test`, `make test/race` and `make bench` (throwaway, fsync off).
-TEST_PG_DIR  := .local/test
-TEST_PG_PORT := 54349
+# Override both to run two of them at once: make test/race TEST_PG_PORT=55501 TEST_PG_DIR=.local/test-race
+TEST_PG_DIR  ?= .local/test
+TEST_PG_PORT ?= 54349
 TEST_DB_URL  := postgres://postgres@127.0.0.1:$(TEST_PG_PORT)/postgres?sslmode=disable
 
 # PostgreSQL of `make run` (reused by `make migrate` when DATABASE_URL is unset).
@@ -58,6 +59,9 @@ e2e: ## Start a fresh stack in .local/e2e and run api.http against it with httpy
 	@scripts/stack.sh e2e
 
 http: ## Send api.http to a running `make run` (override: make http BASE_URL=http://host:port)
+	@if ! curl -s -o /dev/null -m 5 '$(BASE_URL)/readyz'; then \
+		echo 'nothing answers on $(BASE_URL) — start it with `make run`' >&2; exit 1; \
+	fi
 	@$(HTTPYAC) send api.http --all --var baseUrl=$(BASE_URL)
 
 migrate: ## Apply database migrations (DATABASE_URL, or the PostgreSQL of `make run`)
@@ -95,15 +99,15 @@ cluster/stop: ## Stop the local 3-node NATS cluster
 cluster-test: ## The pipeline on a 3-node cluster (R3), a node stopped mid-run, 3×1000 orders (make test: 3×100)
 	@$(call with_test_pg,CLUSTER_ORDERS=1000 go test -count=1 -v -run 'TestThreeNodeClusterSurvivesANodeLoss' ./internal/app)
 
-lint: ## gofmt check, go vet (and staticcheck if available as a go tool)
+# staticcheck's default checks, plus package comments (ST1000) and doc comments
+# that start with the name they document (ST1020-ST1022), as CONVENTIONS.md asks.
+STATICCHECK_CHECKS := inherit,ST1000,ST1020,ST1021,ST1022
+
+lint: ## gofmt check, go vet and staticcheck (a go tool of the module); part of CI
 	@files=$$(find . -name '*.go' -not -path './.local/*' -not -path './node_modules/*' | xargs -r gofmt -l); \
 	if [ -n "$$files" ]; then echo "gofmt: these files need formatting (run gofmt -w):"; echo "$$files"; exit 1; fi
 	@go vet ./...
-	@if go tool -n staticcheck >/dev/null 2>&1; then \
-		go tool staticcheck ./...; \
-	else \
-		echo "lint: staticcheck not declared as a go tool (go get -tool honnef.co/go/tools/cmd/staticcheck); skipped"; \
-	fi
+	@go tool staticcheck -checks '$(STATICCHECK_CHECKS)' ./...
 
 bench: ## Measure the pipeline against its pgbench ceiling in one run (own PostgreSQL and NATS); table + JSON
 	@go run ./cmd/bench -phase $${PHASE:-10s}

@@ -12,3 +12,19 @@ log_tail() {
 		echo "----" >&2
 	fi
 }
+
+# port_in_use PORT: exit 0 if something listens on TCP PORT (any address).
+port_in_use() {
+	if command -v ss >/dev/null 2>&1; then
+		[ -n "$(ss -Hltn "sport = :$1" 2>/dev/null)" ]
+	else
+		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+	fi
+}
+
+# listener_pids PORT: print the pids of the processes listening on TCP PORT,
+# one per line (nothing if ss is missing or cannot tell).
+listener_pids() {
+	command -v ss >/dev/null 2>&1 || return 0
+	ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u
+}

@@ -5,14 +5,16 @@
 #                                    with NATS_CLUSTER_PORT and NATS_ROUTES set, as a node
 #                                    of a cluster (see scripts/nats-cluster.sh)
 #   scripts/nats.sh stop DIR         stop it (ok if not running)
+#   scripts/nats.sh status DIR       exit 0 if the server of DIR is running
 #   scripts/nats.sh url PORT         print the client URL
 # NATS_SYNC_INTERVAL overrides the store's fsync policy (default: always,
 # so an acknowledged event survives a power cut on a single node).
 #
 # The server binary comes from the Go module tool directive
 # (tool github.com/nats-io/nats-server/v2), built by `go tool -n nats-server`
-# (first use compiles it, which can take a minute). The built binary is run
-# directly, so DIR/nats.pid is the server's own pid and stop really stops it.
+# (first use compiles it, which can take a minute; only then is that said).
+# The built binary is run directly, so DIR/nats.pid is the server's own pid
+# and stop really stops it.
 # Files: DIR/nats.conf, DIR/nats.log, DIR/nats.pid, DIR/jetstream/.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -22,7 +24,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 die() { echo "nats.sh: $*" >&2; exit 1; }
 
 usage() {
-	sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -39,6 +41,26 @@ live_pid() {
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# build_server DIR: print the path of the nats-server binary, building it if
+# the build cache lacks it (log in DIR/build.log). A cached lookup takes well
+# under a second, so only a lookup still running after 2 s is announced as a
+# compilation.
+build_server() {
+	local out="$1/build.out" pid i=0
+	(cd "$ROOT" && exec go tool -n nats-server) >"$out" 2>"$1/build.log" &
+	pid=$!
+	while kill -0 "$pid" 2>/dev/null; do
+		if [ "$i" = 20 ]; then
+			echo "nats.sh: compiling nats-server (first use only; may take a minute)" >&2
+		fi
+		sleep 0.1
+		i=$((i + 1))
+	done
+	wait "$pid" || return 1
+	cat "$out"
+	rm -f "$out"
+}
 
 
 cmd_start() {
@@ -59,7 +81,7 @@ cmd_start() {
 
 	command -v go >/dev/null 2>&1 || die "go not found on PATH"
 	local bin
-	if ! bin=$(cd "$ROOT" && go tool -n nats-server 2>"$dir/build.log"); then
+	if ! bin=$(build_server "$dir"); then
 		log_tail "$dir/build.log"
 		die "could not build nats-server (go tool -n nats-server; is 'tool github.com/nats-io/nats-server/v2' in go.mod?)"
 	fi
@@ -130,6 +152,12 @@ cmd_stop() {
 	rm -f "$dir/nats.pid"
 }
 
+cmd_status() {
+	[ $# -eq 1 ] || usage
+	[ -d "$1" ] || return 1
+	live_pid "$(abs_dir "$1")" >/dev/null
+}
+
 cmd_url() {
 	[ $# -eq 1 ] || usage
 	echo "nats://127.0.0.1:$1"
@@ -141,6 +169,7 @@ shift
 case "$sub" in
 start) cmd_start "$@" ;;
 stop) cmd_stop "$@" ;;
+status) cmd_status "$@" ;;
 url) cmd_url "$@" ;;
 *) usage ;;
 esac

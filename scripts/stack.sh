@@ -3,39 +3,51 @@
 #
 #   scripts/stack.sh run   dev stack: state in .local/run, api on :8080, projector on :8081.
 #                          DATABASE_URL / NATS_URL, if set, are used instead of local servers.
-#                          Ctrl-C stops everything it started.
+#                          Ctrl-C stops everything it started (and nothing else).
+#                          Refuses (exit 1, one line) if a stack already runs in its
+#                          folder or any of its ports is taken.
 #   scripts/stack.sh e2e   fresh stack in .local/e2e (api :18080, projector :18081), runs
 #                          api.http with httpyac against it, stops everything, exits with
 #                          httpyac's status.
+# STACK_DIR, PG_PORT, NATS_PORT, API_PORT and PROJECTOR_PORT override the state
+# folder and the ports of either mode (e.g. to run a second stack beside the first).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$ROOT"
 
 MODE="${1:-}"
 case "$MODE" in
 run)
-	STATE=.local/run PG_PORT=54329 NATS_PORT=14222 API_PORT=8080 PROJ_PORT=8081
+	STATE=.local/run PG_PORT=${PG_PORT:-54329} NATS_PORT=${NATS_PORT:-14222}
+	API_PORT=${API_PORT:-8080} PROJ_PORT=${PROJECTOR_PORT:-8081}
 	;;
 e2e)
-	STATE=.local/e2e PG_PORT=54339 NATS_PORT=14232 API_PORT=18080 PROJ_PORT=18081
+	STATE=.local/e2e PG_PORT=${PG_PORT:-54339} NATS_PORT=${NATS_PORT:-14232}
+	API_PORT=${API_PORT:-18080} PROJ_PORT=${PROJECTOR_PORT:-18081}
 	unset DATABASE_URL NATS_URL # e2e always uses its own servers
 	;;
 *)
-	sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac
-STATE="$ROOT/$STATE"
-BIN="$ROOT/.local/bin"
+for p in "$PG_PORT" "$NATS_PORT" "$API_PORT" "$PROJ_PORT"; do
+	[[ "$p" =~ ^[0-9]+$ ]] || { echo "stack: ports must be numbers, got '$p'" >&2; exit 2; }
+done
+STATE=$(abs_dir "${STACK_DIR:-$ROOT/$STATE}")
+BIN="$STATE/bin" # per stack, so two stacks never rebuild each other's binaries
 READY_TIMEOUT="${READY_TIMEOUT:-60}"
 
 say() { echo "stack: $*" >&2; }
 
+# SHOWN_STATE: the state folder as the user knows it (relative to the project).
+SHOWN_STATE=${STATE#"$ROOT"/}
+
 # ---- cleanup: stop everything we started, in reverse order ----------------
 STARTED_PG=0 STARTED_NATS=0 API_PID="" PROJ_PID="" TAIL_PIDS=()
-CLEANED=0
+CLEANED=0 LOCKED=0
 
 stop_proc() { # stop_proc NAME PID
 	local name="$1" pid="$2" i
@@ -73,6 +85,7 @@ cleanup() {
 	done
 	if [ "$STARTED_NATS" = 1 ]; then scripts/nats.sh stop "$STATE" || rc=1; fi
 	if [ "$STARTED_PG" = 1 ]; then scripts/pg.sh stop "$STATE" || rc=1; fi
+	if [ "$LOCKED" = 1 ]; then rm -f "$STATE/stack.info"; fi
 	exit "$rc"
 }
 trap cleanup EXIT
@@ -84,34 +97,86 @@ else
 fi
 
 
+# ---- one stack per folder --------------------------------------------------
+# The lock on $STATE/stack.lock is held (fd 9) for as long as this script runs;
+# the processes it starts do not inherit it (9>&-), so a leftover server never
+# holds it. stack.info tells a second invocation where the first one answers.
+command -v flock >/dev/null 2>&1 || { say "flock (util-linux) is needed"; exit 1; }
+exec 9>>"$STATE/stack.lock"
+if ! flock -n 9; then
+	read -r other_pid other_api other_proj _ 2>/dev/null <"$STATE/stack.info" || true
+	if [ -n "${other_pid:-}" ]; then
+		say "a stack is already running from $SHOWN_STATE (pid $other_pid): api http://localhost:$other_api, projector http://localhost:$other_proj; use it, or stop it with Ctrl-C in its terminal (or kill $other_pid)"
+	else
+		say "a stack is already starting or running from $SHOWN_STATE; use it, or stop it with Ctrl-C in its terminal"
+	fi
+	exit 1
+fi
+LOCKED=1
+echo "$$ $API_PORT $PROJ_PORT" >"$STATE/stack.info"
+
 # ---- state ----------------------------------------------------------------
 if [ "$MODE" = e2e ]; then
 	# fresh state every time; stop leftovers from an interrupted run first
-	if [ -e "$STATE" ]; then
-		scripts/nats.sh stop "$STATE" || true
-		scripts/pg.sh wipe "$STATE" || true
-		rm -rf "$STATE"
-	fi
+	scripts/nats.sh stop "$STATE" || true
+	scripts/pg.sh wipe "$STATE" || true
+	find "$STATE" -mindepth 1 -maxdepth 1 ! -name stack.lock ! -name stack.info -exec rm -rf {} +
 fi
-mkdir -p "$STATE" "$BIN"
+mkdir -p "$BIN"
+
+# ---- ports: refuse before starting anything if one is taken -----------------
+# Servers of this folder left running by an earlier, killed run are used (and
+# left running on exit), so their ports do not count as taken.
+PG_RUNNING=0 NATS_RUNNING=0
+if [ -z "${DATABASE_URL:-}" ] && scripts/pg.sh status "$STATE"; then PG_RUNNING=1; fi
+if [ -z "${NATS_URL:-}" ] && scripts/nats.sh status "$STATE"; then NATS_RUNNING=1; fi
+busy=()
+check_port() { # check_port PORT WHAT: add PORT to busy if something listens there
+	port_in_use "$1" || return 0
+	local pids
+	pids=$(listener_pids "$1" | paste -sd, -)
+	busy+=("$1 ($2${pids:+, held by pid $pids})")
+}
+check_port "$API_PORT" api
+check_port "$PROJ_PORT" projector
+if [ -z "${DATABASE_URL:-}" ] && [ "$PG_RUNNING" = 0 ]; then check_port "$PG_PORT" PostgreSQL; fi
+if [ -z "${NATS_URL:-}" ] && [ "$NATS_RUNNING" = 0 ]; then check_port "$NATS_PORT" NATS; fi
+if [ ${#busy[@]} -gt 0 ]; then
+	list=$(printf ', %s' "${busy[@]}")
+	list=${list#, }
+	if [ ${#busy[@]} = 1 ]; then what="port $list is"; else what="ports $list are"; fi
+	hint=""
+	if port_in_use "$API_PORT"; then hint=" (if it is another stack, its api is http://localhost:$API_PORT)"; fi
+	say "$what already in use$hint; stop it (Ctrl-C in the terminal of that \`make run\`, or kill the pid) or choose free ports with API_PORT, PROJECTOR_PORT, PG_PORT, NATS_PORT"
+	exit 1
+fi
 
 # ---- infrastructure -------------------------------------------------------
 if [ -z "${DATABASE_URL:-}" ]; then
-	say "starting PostgreSQL on 127.0.0.1:$PG_PORT ($STATE)"
-	STARTED_PG=1
-	if [ "$MODE" = e2e ]; then
-		scripts/pg.sh start "$STATE" "$PG_PORT" --fast
+	if [ "$PG_RUNNING" = 1 ]; then
+		say "using the PostgreSQL already running in $SHOWN_STATE (left by an earlier run; it stays running after this one; scripts/pg.sh stop $SHOWN_STATE stops it)"
+		scripts/pg.sh start "$STATE" "$PG_PORT" 9>&- # only makes sure database "orders" exists
 	else
-		scripts/pg.sh start "$STATE" "$PG_PORT"
+		say "starting PostgreSQL on 127.0.0.1:$PG_PORT ($SHOWN_STATE)"
+		STARTED_PG=1
+		if [ "$MODE" = e2e ]; then
+			scripts/pg.sh start "$STATE" "$PG_PORT" --fast 9>&-
+		else
+			scripts/pg.sh start "$STATE" "$PG_PORT" 9>&-
+		fi
 	fi
 	DATABASE_URL=$(scripts/pg.sh url "$PG_PORT")
 else
 	say "using DATABASE_URL from the environment"
 fi
 if [ -z "${NATS_URL:-}" ]; then
-	say "starting NATS on 127.0.0.1:$NATS_PORT (first run compiles nats-server, may take a minute)"
-	STARTED_NATS=1
-	scripts/nats.sh start "$STATE" "$NATS_PORT"
+	if [ "$NATS_RUNNING" = 1 ]; then
+		say "using the NATS server already running in $SHOWN_STATE (left by an earlier run; it stays running after this one; scripts/nats.sh stop $SHOWN_STATE stops it)"
+	else
+		say "starting NATS on 127.0.0.1:$NATS_PORT"
+		STARTED_NATS=1
+		scripts/nats.sh start "$STATE" "$NATS_PORT" 9>&-
+	fi
 	NATS_URL=$(scripts/nats.sh url "$NATS_PORT")
 else
 	say "using NATS_URL from the environment"
@@ -134,12 +199,12 @@ go build -o "$BIN/projector" ./cmd/projector
 start_svc() {
 	local name="$1" log="$STATE/$1.log"
 	: >"$log"
-	setsid "$BIN/$name" >>"$log" 2>&1 </dev/null &
+	setsid "$BIN/$name" >>"$log" 2>&1 </dev/null 9>&- &
 	SVC_PID=$!
 	if [ "$MODE" = run ]; then
 		# own process group, so cleanup can stop tail and sed together
 		setsid bash -c 'tail -n +1 -F --pid="$1" "$2" 2>/dev/null | sed -u "s/^/[$3] /"' \
-			printer "$SVC_PID" "$log" "$name" </dev/null &
+			printer "$SVC_PID" "$log" "$name" </dev/null 9>&- &
 		TAIL_PIDS+=("$!")
 	fi
 }
@@ -154,11 +219,19 @@ died() {
 	return 0
 }
 
-# wait_ready NAME PID PORT
+# answered_by_us PID PORT: exit 0 if PID is what listens on PORT (when ss can
+# tell; otherwise if PID is still alive).
+answered_by_us() {
+	local pids
+	pids=$(listener_pids "$2")
+	if [ -z "$pids" ]; then kill -0 "$1" 2>/dev/null; else grep -qx "$1" <<<"$pids"; fi
+}
+
+# wait_ready NAME PID PORT: wait until PID answers 200 on PORT/readyz.
 wait_ready() {
 	local name="$1" pid="$2" port="$3" deadline=$((SECONDS + READY_TIMEOUT))
 	local url="http://127.0.0.1:$port/readyz"
-	until curl -fsS -o /dev/null -m 2 "$url" 2>/dev/null; do
+	until curl -fsS -o /dev/null -m 2 "$url" 2>/dev/null && answered_by_us "$pid" "$port"; do
 		if died "$name" "$pid"; then
 			if [ "$name" = api ]; then API_PID=""; else PROJ_PID=""; fi
 			say "$name died during start-up"
@@ -235,7 +308,7 @@ Try it:
 or, in another terminal:
     make http
 
-Ctrl-C stops everything.
+Ctrl-C stops everything this run started.
 
 BANNER
 

@@ -200,7 +200,7 @@ func (r *Runner) Stats() Stats {
 // consumer BackOff would override those delays; a worker that dies
 // mid-batch gets its messages redelivered after AckWait.
 func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
-	if _, err := stream.Ensure(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas}); err != nil {
+	if _, err := stream.Open(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas}); err != nil {
 		return nil, err
 	}
 	c, err := r.js.CreateOrUpdateConsumer(ctx, stream.Name, jetstream.ConsumerConfig{

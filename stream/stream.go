@@ -5,7 +5,9 @@ package stream
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,7 +39,10 @@ type Settings struct {
 }
 
 // Ensure creates the stream, or updates it to the settings here. It is safe
-// to call from every process at start-up.
+// to call from every process at start-up. A stream that already has these
+// settings is left alone: every projection runner calls Ensure, and an
+// update request each time would be work for the server (and, in
+// nats-server 2.15, races with consumers being created at the same moment).
 func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstream.Stream, error) {
 	window := DuplicateWindow
 	if set.DuplicateWindow > 0 {
@@ -55,6 +60,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstrea
 		// or not at all, and synced to disk once (see package outbox).
 		AllowAtomicPublish: true,
 	}
+	if s, err := js.Stream(ctx, Name); err == nil && upToDate(s.CachedInfo().Config, cfg) {
+		return s, nil
+	}
 	s, err := js.CreateOrUpdateStream(ctx, cfg)
 	if err != nil {
 		// A server older than 2.12 does not know atomic batches, and one
@@ -69,4 +77,32 @@ func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstrea
 		return nil, fmt.Errorf("create or update stream %s: %w", Name, err)
 	}
 	return s, nil
+}
+
+// Open returns the stream as it is, whatever its settings, or creates it
+// with set if there is none yet. Consumers (the projectors) call Open: the
+// relay, which writes to the stream, owns its settings through Ensure, and a
+// projector started with other flags must not change them.
+func Open(ctx context.Context, js jetstream.JetStream, set Settings) (jetstream.Stream, error) {
+	s, err := js.Stream(ctx, Name)
+	if err == nil {
+		return s, nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("look up stream %s: %w", Name, err)
+	}
+	return Ensure(ctx, js, set)
+}
+
+// upToDate reports whether the stream's config has every setting of want.
+// A server without atomic batches reports AllowAtomicPublish false where
+// want asks for it: Ensure's update then falls back as on creation.
+func upToDate(have, want jetstream.StreamConfig) bool {
+	return have.Description == want.Description &&
+		slices.Equal(have.Subjects, want.Subjects) &&
+		have.Storage == want.Storage &&
+		have.Retention == want.Retention &&
+		have.Duplicates == want.Duplicates &&
+		have.Replicas == want.Replicas &&
+		have.AllowAtomicPublish == want.AllowAtomicPublish
 }

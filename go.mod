@@ -12,6 +12,7 @@ require (
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.19.1
 	github.com/rs/zerolog v1.28.0
+	github.com/stripe/stripe-go/v84 v84.4.1
 	github.com/tsenart/vegeta/v12 v12.12.0
 	golang.org/x/sync v0.24.0
 	golang.org/x/time v0.16.0

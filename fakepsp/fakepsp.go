@@ -110,6 +110,17 @@ func New(cfg Config) (*Server, error) {
 // ServeHTTP serves the API and the test endpoints.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
+// PurgeExpiredKeys deletes the idempotency keys older than Config.KeyTTL
+// (by the database clock) and returns how many it deleted. An expired key is
+// ignored anyway; this only bounds the table. Safe to call at any time.
+func (s *Server) PurgeExpiredKeys(ctx context.Context) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE created_at <= now() - make_interval(secs => $1)`, s.cfg.KeyTTL.Seconds())
+	if err != nil {
+		return 0, fmt.Errorf("purge expired idempotency keys: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // InFlight reports how many POSTs hold their idempotency key right now.
 func (s *Server) InFlight() int { return int(s.inFlight.Load()) }
 

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -94,5 +95,27 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	logger.Info("fake payment provider", "database", *dbName, "faults", srv.Faults())
-	return app.Serve(ctx, *addr, srv, logger, 5*time.Second)
+
+	// Expired keys are ignored anyway; purging them bounds the table.
+	purgeCtx, stopPurge := context.WithCancel(ctx)
+	var purging sync.WaitGroup
+	purging.Go(func() {
+		for t := time.NewTicker(time.Hour); ; {
+			if n, err := srv.PurgeExpiredKeys(purgeCtx); err != nil && purgeCtx.Err() == nil {
+				logger.Warn("purge expired idempotency keys", "err", err)
+			} else if n > 0 {
+				logger.Info("purged expired idempotency keys", "count", n)
+			}
+			select {
+			case <-purgeCtx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+	})
+	err = app.Serve(ctx, *addr, srv, logger, 5*time.Second)
+	stopPurge()
+	purging.Wait()
+	return err
 }

@@ -1,0 +1,268 @@
+package payment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/stripe/stripe-go/v84"
+)
+
+// Defaults of Config.
+const (
+	// DefaultBaseURL is Stripe's API.
+	DefaultBaseURL = "https://api.stripe.com"
+	// DefaultTimeout bounds one HTTP attempt (when Config.HTTPClient is nil).
+	// An answer lost by the provider surfaces after this long and is then
+	// retried with the same key.
+	DefaultTimeout = 10 * time.Second
+	// DefaultMaxNetworkRetries is how often stripe-go itself retries one call
+	// after a connection error or timeout, with the same Idempotency-Key
+	// (backoff 0.5 s, 1 s, … capped at 5 s). Stripe's own error answers
+	// (4xx, 5xx with an error body) are never retried by stripe-go: they come
+	// back as ErrTransient or ErrPermanent for the caller's backoff.
+	DefaultMaxNetworkRetries = 2
+	// MetadataIdempotencyKey is the metadata entry in which Charge stores
+	// the idempotency key, so FindCharge can search for it.
+	MetadataIdempotencyKey = "idempotency_key"
+)
+
+// Config configures a Stripe adapter.
+type Config struct {
+	// BaseURL is the API's base URL, without /v1 (DefaultBaseURL when empty),
+	// e.g. http://127.0.0.1:12111 for cmd/fakepsp.
+	BaseURL string
+	// SecretKey is the API key, sk_test_… or sk_live_…. Required.
+	SecretKey string
+	// HTTPClient makes the requests; when nil, a client with Timeout.
+	HTTPClient *http.Client
+	// Timeout bounds one attempt when HTTPClient is nil (DefaultTimeout when 0).
+	Timeout time.Duration
+	// MaxNetworkRetries is how often stripe-go retries a call that got no
+	// answer, always with the same key (DefaultMaxNetworkRetries when 0; -1
+	// for none).
+	MaxNetworkRetries int
+	// Logger receives stripe-go's warnings and errors (discarded when nil).
+	Logger *slog.Logger
+}
+
+// Stripe charges and refunds through Stripe's API (PaymentIntents created
+// and confirmed in one call, Refunds) with the official client. It is safe
+// for concurrent use.
+type Stripe struct {
+	client *stripe.Client
+}
+
+// NewStripe returns an adapter for cfg. It returns an error naming the field
+// when cfg is invalid.
+func NewStripe(cfg Config) (*Stripe, error) {
+	if cfg.SecretKey == "" {
+		return nil, errors.New("payment: Config.SecretKey is required")
+	}
+	if cfg.BaseURL == "" {
+		cfg.BaseURL = DefaultBaseURL
+	}
+	if !strings.HasPrefix(cfg.BaseURL, "http://") && !strings.HasPrefix(cfg.BaseURL, "https://") {
+		return nil, fmt.Errorf("payment: Config.BaseURL must be an http(s) URL, got %q", cfg.BaseURL)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("payment: Config.Timeout must not be negative, got %s", cfg.Timeout)
+	}
+	switch {
+	case cfg.MaxNetworkRetries == 0:
+		cfg.MaxNetworkRetries = DefaultMaxNetworkRetries
+	case cfg.MaxNetworkRetries == -1:
+		cfg.MaxNetworkRetries = 0
+	case cfg.MaxNetworkRetries < -1 || cfg.MaxNetworkRetries > 10:
+		return nil, fmt.Errorf("payment: Config.MaxNetworkRetries must be -1 to 10, got %d", cfg.MaxNetworkRetries)
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Timeout: cfg.Timeout}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL:               stripe.String(strings.TrimSuffix(cfg.BaseURL, "/")),
+		HTTPClient:        cfg.HTTPClient,
+		MaxNetworkRetries: stripe.Int64(int64(cfg.MaxNetworkRetries)),
+		LeveledLogger:     stripeLogger{cfg.Logger},
+		EnableTelemetry:   stripe.Bool(false),
+	})
+	client := stripe.NewClient(cfg.SecretKey, stripe.WithBackends(&stripe.Backends{
+		API: backend, Connect: backend, Uploads: backend, MeterEvents: backend,
+	}))
+	return &Stripe{client: client}, nil
+}
+
+// Charge creates and confirms a PaymentIntent for r with r.IdempotencyKey
+// (also stored in its metadata as MetadataIdempotencyKey). A declined card
+// is a Charge with Status ChargeDeclined, not an error. Errors wrap
+// ErrTransient or ErrPermanent. Calling it again with the same request is
+// safe: the provider replays its first answer.
+func (s *Stripe) Charge(ctx context.Context, r ChargeRequest) (Charge, error) {
+	if err := validKey(r.IdempotencyKey); err != nil {
+		return Charge{}, err
+	}
+	if r.Amount <= 0 || len(r.Currency) != 3 || r.PaymentMethod == "" {
+		return Charge{}, fmt.Errorf("%w: charge needs a positive amount, a 3-letter currency and a payment method (got %d %q %q)",
+			ErrPermanent, r.Amount, r.Currency, r.PaymentMethod)
+	}
+	params := &stripe.PaymentIntentCreateParams{
+		Amount:             stripe.Int64(r.Amount),
+		Currency:           stripe.String(strings.ToLower(r.Currency)),
+		PaymentMethod:      stripe.String(r.PaymentMethod),
+		PaymentMethodTypes: []*string{stripe.String("card")},
+		Confirm:            stripe.Bool(true),
+	}
+	params.IdempotencyKey = stripe.String(r.IdempotencyKey)
+	for k, v := range r.Metadata {
+		params.AddMetadata(k, v)
+	}
+	params.AddMetadata(MetadataIdempotencyKey, r.IdempotencyKey)
+	pi, err := s.client.V1PaymentIntents.Create(ctx, params)
+	if err != nil {
+		var se *stripe.Error
+		if errors.As(err, &se) && se.Type == stripe.ErrorTypeCard && se.PaymentIntent != nil {
+			return chargeOf(se.PaymentIntent, se), nil // declined: an outcome
+		}
+		return Charge{}, classify("create payment intent", err)
+	}
+	return chargeOf(pi, nil), nil
+}
+
+// Refund refunds r.Amount of charge r.ChargeID with r.IdempotencyKey. A
+// refund the provider marks failed is a Refund with Status RefundFailed,
+// not an error. Errors wrap ErrTransient or ErrPermanent (e.g. more than
+// the charge has left). Calling it again with the same request is safe.
+func (s *Stripe) Refund(ctx context.Context, r RefundRequest) (Refund, error) {
+	if err := validKey(r.IdempotencyKey); err != nil {
+		return Refund{}, err
+	}
+	if r.Amount <= 0 || r.ChargeID == "" {
+		return Refund{}, fmt.Errorf("%w: refund needs a charge id and a positive amount (got %q %d)", ErrPermanent, r.ChargeID, r.Amount)
+	}
+	params := &stripe.RefundCreateParams{
+		PaymentIntent: stripe.String(r.ChargeID),
+		Amount:        stripe.Int64(r.Amount),
+	}
+	params.IdempotencyKey = stripe.String(r.IdempotencyKey)
+	params.AddMetadata(MetadataIdempotencyKey, r.IdempotencyKey)
+	re, err := s.client.V1Refunds.Create(ctx, params)
+	if err != nil {
+		return Refund{}, classify("create refund", err)
+	}
+	out := Refund{ID: re.ID, ChargeID: r.ChargeID, Amount: re.Amount, Currency: strings.ToUpper(string(re.Currency)),
+		Status: RefundSucceeded, FailureReason: string(re.FailureReason)}
+	if re.PaymentIntent != nil && re.PaymentIntent.ID != "" {
+		out.ChargeID = re.PaymentIntent.ID
+	}
+	switch re.Status {
+	case stripe.RefundStatusSucceeded:
+	case stripe.RefundStatusFailed, stripe.RefundStatusCanceled:
+		out.Status = RefundFailed
+		if out.FailureReason == "" {
+			out.FailureReason = string(re.Status)
+		}
+	default: // pending, requires_action: not settled yet
+		return Refund{}, fmt.Errorf("%w: refund %s is %s, not settled yet", ErrTransient, re.ID, re.Status)
+	}
+	return out, nil
+}
+
+// FindCharge looks up the charge made with idempotencyKey (through the
+// metadata Charge stores), for reconciliation: found is false when there
+// is none. On Stripe itself, search lags writes by up to a minute; the
+// local provider sees every committed charge at once. Errors wrap
+// ErrTransient or ErrPermanent.
+func (s *Stripe) FindCharge(ctx context.Context, idempotencyKey string) (Charge, bool, error) {
+	if err := validKey(idempotencyKey); err != nil {
+		return Charge{}, false, err
+	}
+	params := &stripe.PaymentIntentSearchParams{}
+	params.Query = "metadata['" + MetadataIdempotencyKey + "']:'" + idempotencyKey + "'"
+	params.Limit = stripe.Int64(10)
+	params.Single = true
+	var (
+		best  Charge
+		found bool
+	)
+	for pi, err := range s.client.V1PaymentIntents.Search(ctx, params) {
+		if err != nil {
+			return Charge{}, false, classify("search payment intents", err)
+		}
+		c := chargeOf(pi, nil)
+		// One key makes one PaymentIntent within 24 h; if it was reused
+		// after that, a succeeded one is what matters.
+		if !found || c.Status == ChargeSucceeded && best.Status != ChargeSucceeded {
+			best, found = c, true
+		}
+	}
+	return best, found, nil
+}
+
+// chargeOf maps a PaymentIntent (and the card error that declined it).
+func chargeOf(pi *stripe.PaymentIntent, declined *stripe.Error) Charge {
+	c := Charge{ID: pi.ID, Amount: pi.Amount, Currency: strings.ToUpper(string(pi.Currency)), Status: ChargeSucceeded}
+	if pi.Status == stripe.PaymentIntentStatusSucceeded {
+		return c
+	}
+	c.Status = ChargeDeclined
+	e := declined
+	if e == nil {
+		e = pi.LastPaymentError
+	}
+	if e != nil {
+		c.DeclineCode, c.DeclineReason = string(e.DeclineCode), e.Msg
+		if c.DeclineCode == "" {
+			c.DeclineCode = string(e.Code)
+		}
+	}
+	if c.DeclineCode == "" {
+		c.DeclineCode = string(pi.Status)
+	}
+	return c
+}
+
+// classify wraps err in ErrTransient or ErrPermanent.
+func classify(op string, err error) error {
+	var se *stripe.Error
+	if !errors.As(err, &se) {
+		// No answer from the provider (after stripe-go's own retries), or one
+		// we could not parse: the call may have happened; retry with the key.
+		return fmt.Errorf("%w: %s: %w", ErrTransient, op, err)
+	}
+	switch code := se.HTTPStatusCode; {
+	case code == http.StatusConflict, code == http.StatusTooManyRequests, code >= 500:
+		return fmt.Errorf("%w: %s: %d %s %s: %s", ErrTransient, op, code, se.Type, se.Code, se.Msg)
+	default:
+		return fmt.Errorf("%w: %s: %d %s %s: %s", ErrPermanent, op, code, se.Type, se.Code, se.Msg)
+	}
+}
+
+func validKey(key string) error {
+	if key == "" || len(key) > 255 || strings.ContainsAny(key, `'\`) {
+		return fmt.Errorf("%w: idempotency key must be 1 to 255 characters without ' or \\, got %q", ErrPermanent, key)
+	}
+	return nil
+}
+
+// stripeLogger passes stripe-go's log lines to slog; its info and debug
+// lines (one per request) are dropped.
+type stripeLogger struct{ l *slog.Logger }
+
+func (s stripeLogger) Debugf(string, ...any) {}
+func (s stripeLogger) Infof(string, ...any)  {}
+func (s stripeLogger) Warnf(format string, v ...any) {
+	s.l.Warn("stripe: " + fmt.Sprintf(format, v...))
+}
+func (s stripeLogger) Errorf(format string, v ...any) {
+	s.l.Error("stripe: " + fmt.Sprintf(format, v...))
+}

@@ -1,0 +1,369 @@
+package payment_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/acme/orders/fakepsp"
+	"github.com/acme/orders/fakepsp/fakepsptest"
+	"github.com/acme/orders/payment"
+)
+
+// start serves a fresh fake provider and returns it with an adapter on it.
+func start(t *testing.T, cfg payment.Config) (*fakepsp.Server, *payment.Stripe) {
+	t.Helper()
+	srv, hs := fakepsptest.Start(t, fakepsptest.DatabaseURL(t), fakepsp.Config{})
+	return srv, adapter(t, hs.URL, cfg)
+}
+
+func adapter(t *testing.T, baseURL string, cfg payment.Config) *payment.Stripe {
+	t.Helper()
+	cfg.BaseURL, cfg.SecretKey = baseURL, fakepsptest.SecretKey
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	s, err := payment.NewStripe(cfg)
+	require.NoError(t, err)
+	return s
+}
+
+func chargeReq(key string) payment.ChargeRequest {
+	return payment.ChargeRequest{
+		IdempotencyKey: key, Amount: 1250, Currency: "EUR", PaymentMethod: "pm_card_visa",
+		Metadata: map[string]string{"tenant_id": "dev", "order_id": "o1", "attempt": "1"},
+	}
+}
+
+func TestChargeSucceeds(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{})
+	c, err := s.Charge(context.Background(), chargeReq("dev:order:o1:charge:1"))
+	require.NoError(t, err)
+	require.Equal(t, payment.ChargeSucceeded, c.Status)
+	require.Regexp(t, `^pi_`, c.ID)
+	require.Equal(t, int64(1250), c.Amount)
+	require.Equal(t, "EUR", c.Currency)
+
+	l := fakepsptest.Ledger(t, srv)
+	require.Len(t, l.Charges, 1)
+	got := l.Charges[0]
+	require.Equal(t, c.ID, got.ID)
+	require.Equal(t, "dev:order:o1:charge:1", *got.IdempotencyKey)
+	require.Equal(t, "succeeded", got.Status)
+	require.Equal(t, "eur", got.Currency)
+	require.Equal(t, map[string]string{"tenant_id": "dev", "order_id": "o1", "attempt": "1", "idempotency_key": "dev:order:o1:charge:1"}, got.Metadata)
+}
+
+// TestChargeRequestOnTheWire pins what stripe-go really sends, which the
+// fake must understand.
+func TestChargeRequestOnTheWire(t *testing.T) {
+	t.Parallel()
+	srv, _ := fakepsptest.Start(t, fakepsptest.DatabaseURL(t), fakepsp.Config{})
+	var (
+		mu   sync.Mutex
+		seen []*http.Request
+		body []url.Values
+	)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		form, _ := url.ParseQuery(string(b))
+		mu.Lock()
+		seen, body = append(seen, r.Clone(context.Background())), append(body, form)
+		mu.Unlock()
+		r.Body = io.NopCloser(strings.NewReader(string(b)))
+		srv.ServeHTTP(w, r)
+	}))
+	t.Cleanup(hs.Close)
+	s := adapter(t, hs.URL, payment.Config{})
+	_, err := s.Charge(context.Background(), chargeReq("k1"))
+	require.NoError(t, err)
+	require.Len(t, seen, 1)
+	r, f := seen[0], body[0]
+	require.Equal(t, "POST /v1/payment_intents", r.Method+" "+r.URL.Path)
+	require.Equal(t, "application/x-www-form-urlencoded", r.Header.Get("Content-Type"))
+	require.Equal(t, "k1", r.Header.Get("Idempotency-Key"))
+	require.Equal(t, "Bearer "+fakepsptest.SecretKey, r.Header.Get("Authorization"))
+	require.Equal(t, "true", f.Get("confirm"))
+	require.Equal(t, "1250", f.Get("amount"))
+	require.Equal(t, "eur", f.Get("currency"))
+	require.Equal(t, "pm_card_visa", f.Get("payment_method"))
+	require.Equal(t, "k1", f.Get("metadata[idempotency_key]"))
+	require.Equal(t, "o1", f.Get("metadata[order_id]"))
+
+	_, _, err = s.FindCharge(context.Background(), "k1")
+	require.NoError(t, err)
+	require.Len(t, seen, 2)
+	require.Equal(t, "GET /v1/payment_intents/search", seen[1].Method+" "+seen[1].URL.Path)
+	require.Equal(t, "metadata['idempotency_key']:'k1'", seen[1].URL.Query().Get("query"))
+}
+
+func TestDeclineIsAnOutcome(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{})
+	for _, tc := range []struct{ method, code string }{
+		{"pm_card_chargeDeclined", "generic_decline"},
+		{"pm_card_chargeDeclinedInsufficientFunds", "insufficient_funds"},
+		{"pm_card_chargeDeclinedProcessingError", "processing_error"},
+	} {
+		r := chargeReq("decline:" + tc.method)
+		r.PaymentMethod = tc.method
+		c, err := s.Charge(context.Background(), r)
+		require.NoError(t, err, tc.method)
+		require.Equal(t, payment.ChargeDeclined, c.Status, tc.method)
+		require.Equal(t, tc.code, c.DeclineCode, tc.method)
+		require.NotEmpty(t, c.DeclineReason, tc.method)
+		require.Regexp(t, `^pi_`, c.ID)
+
+		again, err := s.Charge(context.Background(), r) // the stored 402 is replayed
+		require.NoError(t, err)
+		require.Equal(t, c, again)
+	}
+	l := fakepsptest.Ledger(t, srv)
+	require.Len(t, l.Charges, 3)
+	for _, c := range l.Charges {
+		require.Equal(t, "requires_payment_method", c.Status)
+	}
+	require.Equal(t, int64(3), srv.Stats().Replays)
+}
+
+func TestSameKeyTwiceIsOneCharge(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{})
+	first, err := s.Charge(context.Background(), chargeReq("k"))
+	require.NoError(t, err)
+	second, err := s.Charge(context.Background(), chargeReq("k"))
+	require.NoError(t, err)
+	require.Equal(t, first, second)
+	require.Len(t, fakepsptest.Ledger(t, srv).Charges, 1)
+	require.Equal(t, int64(1), srv.Stats().Replays)
+}
+
+func TestSameKeyOtherParamsIsPermanent(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{})
+	_, err := s.Charge(context.Background(), chargeReq("k"))
+	require.NoError(t, err)
+	other := chargeReq("k")
+	other.Amount = 999
+	_, err = s.Charge(context.Background(), other)
+	require.ErrorIs(t, err, payment.ErrPermanent)
+	require.NotErrorIs(t, err, payment.ErrTransient)
+	require.Contains(t, err.Error(), "idempotency_error")
+	require.Len(t, fakepsptest.Ledger(t, srv).Charges, 1)
+}
+
+func TestInvalidRequestIsPermanent(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{})
+	r := chargeReq("k")
+	r.PaymentMethod = "pm_card_unknown"
+	_, err := s.Charge(context.Background(), r)
+	require.ErrorIs(t, err, payment.ErrPermanent)
+	require.Contains(t, err.Error(), "resource_missing")
+	require.Empty(t, fakepsptest.Ledger(t, srv).Charges)
+
+	// A refused request is not stored under its key: corrected, it runs.
+	r.PaymentMethod = "pm_card_visa"
+	c, err := s.Charge(context.Background(), r)
+	require.NoError(t, err)
+	require.Equal(t, payment.ChargeSucceeded, c.Status)
+}
+
+// TestLostResponseIsRecoveredWithTheSameKey: the provider commits the
+// charge, then loses the answer; stripe-go's network retry sends the same
+// key and gets the same charge.
+func TestLostResponseIsRecoveredWithTheSameKey(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{fakepsp.LoseClose, fakepsp.LoseStall} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			srv, s := start(t, payment.Config{Timeout: time.Second})
+			require.NoError(t, srv.SetFaults(fakepsp.Faults{LoseNext: 1, LoseMode: mode}))
+			c, err := s.Charge(context.Background(), chargeReq("lost"))
+			require.NoError(t, err)
+			require.Equal(t, payment.ChargeSucceeded, c.Status)
+			require.Equal(t, int64(1), srv.Stats().LostResponses)
+			require.Equal(t, int64(1), srv.Stats().Replays)
+			l := fakepsptest.Ledger(t, srv)
+			require.Len(t, l.Charges, 1)
+			require.Equal(t, c.ID, l.Charges[0].ID)
+		})
+	}
+}
+
+// TestLostResponsesBeyondRetriesAreTransient: when every answer is lost the
+// adapter gives up with ErrTransient; the caller's retry later, with the
+// same key, gets the one charge.
+func TestLostResponsesBeyondRetriesAreTransient(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{MaxNetworkRetries: -1})
+	require.NoError(t, srv.SetFaults(fakepsp.Faults{LoseResponseRate: 1}))
+	_, err := s.Charge(context.Background(), chargeReq("lost"))
+	require.ErrorIs(t, err, payment.ErrTransient)
+	require.NoError(t, srv.SetFaults(fakepsp.Faults{}))
+	c, err := s.Charge(context.Background(), chargeReq("lost"))
+	require.NoError(t, err)
+	l := fakepsptest.Ledger(t, srv)
+	require.Len(t, l.Charges, 1)
+	require.Equal(t, c.ID, l.Charges[0].ID)
+}
+
+func TestKeyInFlightIsTransient(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{MaxNetworkRetries: -1})
+	require.NoError(t, srv.SetFaults(fakepsp.Faults{LatencyMS: 1500}))
+	type result struct {
+		c   payment.Charge
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := s.Charge(context.Background(), chargeReq("busy"))
+		done <- result{c, err}
+	}()
+	require.Eventually(t, func() bool { return srv.InFlight() == 1 }, 5*time.Second, 5*time.Millisecond)
+	_, err := s.Charge(context.Background(), chargeReq("busy"))
+	require.ErrorIs(t, err, payment.ErrTransient)
+	require.Contains(t, err.Error(), "409")
+	require.Contains(t, err.Error(), "idempotency_key_in_use")
+	first := <-done
+	require.NoError(t, first.err)
+	require.Len(t, fakepsptest.Ledger(t, srv).Charges, 1)
+	require.Equal(t, int64(1), srv.Stats().IdempotencyConflicts)
+}
+
+func TestProviderErrorIsTransient(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{})
+	require.NoError(t, srv.SetFaults(fakepsp.Faults{ErrorRate: 1}))
+	_, err := s.Charge(context.Background(), chargeReq("k"))
+	require.ErrorIs(t, err, payment.ErrTransient)
+	require.Empty(t, fakepsptest.Ledger(t, srv).Charges)
+	require.NoError(t, srv.SetFaults(fakepsp.Faults{}))
+	_, err = s.Charge(context.Background(), chargeReq("k")) // the 500 was not stored under the key
+	require.NoError(t, err)
+	require.Len(t, fakepsptest.Ledger(t, srv).Charges, 1)
+}
+
+func TestRestartKeepsLedgerAndKeys(t *testing.T) {
+	t.Parallel()
+	dbURL := fakepsptest.DatabaseURL(t)
+	_, hs1 := fakepsptest.Start(t, dbURL, fakepsp.Config{})
+	first, err := adapter(t, hs1.URL, payment.Config{}).Charge(context.Background(), chargeReq("k"))
+	require.NoError(t, err)
+	hs1.Close()
+
+	srv2, hs2 := fakepsptest.Start(t, dbURL, fakepsp.Config{})
+	s2 := adapter(t, hs2.URL, payment.Config{})
+	again, err := s2.Charge(context.Background(), chargeReq("k"))
+	require.NoError(t, err)
+	require.Equal(t, first, again)
+	require.Equal(t, int64(1), srv2.Stats().Replays)
+	l := fakepsptest.Ledger(t, srv2)
+	require.Len(t, l.Charges, 1)
+	found, ok, err := s2.FindCharge(context.Background(), "k")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, first, found)
+}
+
+func TestRefundOncePerKey(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{})
+	ctx := context.Background()
+	c, err := s.Charge(ctx, chargeReq("dev:order:o1:charge:1"))
+	require.NoError(t, err)
+	req := payment.RefundRequest{IdempotencyKey: "dev:order:o1:refund:1", ChargeID: c.ID, Amount: c.Amount}
+	r1, err := s.Refund(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, payment.Refund{ID: r1.ID, ChargeID: c.ID, Amount: 1250, Currency: "EUR", Status: payment.RefundSucceeded}, r1)
+	require.Regexp(t, `^re_`, r1.ID)
+	r2, err := s.Refund(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, r1, r2)
+
+	// Another key cannot refund the money twice.
+	req.IdempotencyKey = "dev:order:o1:refund:2"
+	_, err = s.Refund(ctx, req)
+	require.ErrorIs(t, err, payment.ErrPermanent)
+	require.Contains(t, err.Error(), "charge_already_refunded")
+
+	l := fakepsptest.Ledger(t, srv)
+	require.Len(t, l.Refunds, 1)
+	require.Equal(t, "dev:order:o1:refund:1", *l.Refunds[0].IdempotencyKey)
+	require.Equal(t, c.ID, l.Refunds[0].PaymentIntent)
+	require.Equal(t, int64(1250), l.Refunds[0].Amount)
+}
+
+func TestRefundOutcomes(t *testing.T) {
+	t.Parallel()
+	_, s := start(t, payment.Config{})
+	ctx := context.Background()
+	r := chargeReq("c1")
+	r.PaymentMethod = "pm_card_refundFail"
+	c, err := s.Charge(ctx, r)
+	require.NoError(t, err)
+	require.Equal(t, payment.ChargeSucceeded, c.Status)
+	ref, err := s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "r1", ChargeID: c.ID, Amount: c.Amount})
+	require.NoError(t, err)
+	require.Equal(t, payment.RefundFailed, ref.Status)
+	require.NotEmpty(t, ref.FailureReason)
+
+	_, err = s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "r2", ChargeID: "pi_unknown", Amount: 1})
+	require.ErrorIs(t, err, payment.ErrPermanent)
+
+	d := chargeReq("c2")
+	d.PaymentMethod = "pm_card_chargeDeclined"
+	declined, err := s.Charge(ctx, d)
+	require.NoError(t, err)
+	_, err = s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "r3", ChargeID: declined.ID, Amount: 1})
+	require.ErrorIs(t, err, payment.ErrPermanent)
+}
+
+func TestFindChargeByKey(t *testing.T) {
+	t.Parallel()
+	_, s := start(t, payment.Config{})
+	ctx := context.Background()
+	c, err := s.Charge(ctx, chargeReq("dev:order:o1:charge:1"))
+	require.NoError(t, err)
+	d := chargeReq("dev:order:o1:charge:2")
+	d.PaymentMethod = "pm_card_chargeDeclined"
+	declined, err := s.Charge(ctx, d)
+	require.NoError(t, err)
+
+	got, ok, err := s.FindCharge(ctx, "dev:order:o1:charge:1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, c, got)
+	got, ok, err = s.FindCharge(ctx, "dev:order:o1:charge:2")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, declined, got)
+	_, ok, err = s.FindCharge(ctx, "dev:order:o1:charge:3")
+	require.NoError(t, err)
+	require.False(t, ok)
+}
+
+func TestNewStripeValidates(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []payment.Config{
+		{},
+		{SecretKey: "sk_test_x", BaseURL: "ftp://x"},
+		{SecretKey: "sk_test_x", MaxNetworkRetries: -2},
+		{SecretKey: "sk_test_x", Timeout: -time.Second},
+	} {
+		_, err := payment.NewStripe(cfg)
+		require.Error(t, err, "%+v", cfg)
+	}
+	_, err := payment.NewStripe(payment.Config{SecretKey: "sk_test_x"})
+	require.NoError(t, err)
+}

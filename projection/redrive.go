@@ -12,9 +12,10 @@ import (
 )
 
 // redriveClause selects (for storedEvents) the parked events of the
-// projection that no open dead letter of their order holds back (those
-// deferred past their tenant's share, and those a retry or discard left
-// behind because their own predecessor was still missing) and whose next
+// projection that no open dead letter of an earlier version of their order
+// holds back (those deferred past their tenant's share, those waiting for
+// a parked predecessor, and those a retry or discard left behind because
+// their own predecessor was still missing) and whose next
 // attempt is due: created_at (when the row was last parked) plus the retry
 // backoff of its deliveries. Rows another runner is re-driving are skipped.
 const redriveClause = `projection = $1 AND status = 'parked'
@@ -22,7 +23,7 @@ const redriveClause = `projection = $1 AND status = 'parked'
                          interval '1 minute') <= now()
   AND NOT EXISTS (SELECT 1 FROM dead_letters o
                   WHERE o.projection = dead_letters.projection AND o.aggregate_id = dead_letters.aggregate_id
-                    AND o.status = 'open')
+                    AND o.status = 'open' AND o.aggregate_version < dead_letters.aggregate_version)
 ORDER BY aggregate_id, aggregate_version
 LIMIT $3
 FOR UPDATE SKIP LOCKED`
@@ -135,19 +136,11 @@ func inSavepoint(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) (fnErr, 
 // recordRedriven writes each re-driven event's result to its dead_letters
 // row, in tx, in (aggregate, version) order.
 func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event) error {
-	var gapAggs []uuid.UUID
-	for _, e := range events {
-		if e.err == nil && e.outcome == Gap {
-			gapAggs = append(gapAggs, e.env.AggregateID)
-		}
+	held, err := r.heldBackInTx(ctx, tx, events)
+	if err != nil {
+		return err
 	}
-	isDead := map[uuid.UUID]bool{}
-	if len(gapAggs) > 0 {
-		var err error
-		if isDead, err = idSet(tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), gapAggs)); err != nil {
-			return fmt.Errorf("find dead-lettered aggregates: %w", err)
-		}
-	}
+	opened := map[uuid.UUID]bool{} // aggregates dead-lettered in this pass
 	b := &pgx.Batch{}
 	for _, e := range events {
 		deliveries := e.deliveries + 1
@@ -162,8 +155,10 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 			status, reason = statusOpen, fmt.Sprintf("failed %d times; last error: %v", deliveries, e.err)
 		case e.err != nil:
 			reason = fmt.Sprintf("re-driven; failed %d times; last error: %v", deliveries, e.err)
-		case e.outcome == Gap && isDead[e.env.AggregateID]:
-			reason, deliveries = "parked behind an open dead letter of the same order", e.deliveries
+		case e.outcome == Gap && opened[e.env.AggregateID]:
+			reason, deliveries = reasonBehindOpen, e.deliveries
+		case e.outcome == Gap && held[e.env.ID] != "":
+			reason, deliveries = held[e.env.ID], e.deliveries
 		case e.outcome == Gap && final:
 			status, reason = statusOpen, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
 				e.env.AggregateVersion, e.env.AggregateVersion-1, deliveries)
@@ -174,7 +169,7 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 			r.stats[e.outcome].Add(1)
 		}
 		if status == statusOpen {
-			isDead[e.env.AggregateID] = true // its later events in this batch stay parked behind it
+			opened[e.env.AggregateID] = true // its later events in this batch stay parked behind it
 			r.stats[DeadLettered].Add(1)
 			r.logger.ErrorContext(ctx, "re-driven event dead-lettered", "event_id", e.env.ID,
 				"aggregate_id", e.env.AggregateID, "aggregate_version", e.env.AggregateVersion, "reason", reason)
@@ -185,4 +180,48 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 		return fmt.Errorf("record re-driven events: %w", err)
 	}
 	return nil
+}
+
+// redriveHeldBackSQL finds, of the gap events $2 (aggregates $3, versions
+// $4), those that an unresolved dead letter of their order holds back: an
+// open one (of any version), or a parked earlier version. It returns each
+// such event's id and whether an open one holds it.
+const redriveHeldBackSQL = `
+SELECT g.event_id,
+       EXISTS (SELECT 1 FROM dead_letters d
+               WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id AND d.status = 'open')
+FROM unnest($2::uuid[], $3::uuid[], $4::bigint[]) AS g(event_id, aggregate_id, version)
+WHERE EXISTS (SELECT 1 FROM dead_letters d
+              WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id
+                AND (d.status = 'open' OR (d.status = 'parked' AND d.aggregate_version < g.version)))`
+
+// heldBackInTx maps each re-driven gap event of events that an unresolved
+// dead letter of its order holds back to the reason it stays parked. Such
+// an event keeps its deliveries: it waits for its predecessor, it has not
+// failed.
+func (r *Runner) heldBackInTx(ctx context.Context, tx pgx.Tx, events []*event) (map[uuid.UUID]string, error) {
+	var ids, aggs []uuid.UUID
+	var versions []int64
+	for _, e := range events {
+		if e.err == nil && e.outcome == Gap {
+			ids, aggs, versions = append(ids, e.env.ID), append(aggs, e.env.AggregateID), append(versions, e.env.AggregateVersion)
+		}
+	}
+	held := map[uuid.UUID]string{}
+	if len(ids) == 0 {
+		return held, nil
+	}
+	rows, _ := tx.Query(ctx, redriveHeldBackSQL, r.proj.Name(), ids, aggs, versions)
+	var id uuid.UUID
+	var open bool
+	if _, err := pgx.ForEachRow(rows, []any{&id, &open}, func() error {
+		held[id] = reasonBehindParked
+		if open {
+			held[id] = reasonBehindOpen
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("find re-driven events held back by dead letters: %w", err)
+	}
+	return held, nil
 }

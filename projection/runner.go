@@ -453,7 +453,7 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			dead[e.env.AggregateID] = true
 			continue
 		case e.outcome == Gap && final && !dead[e.env.AggregateID]:
-			open, err := r.hasOpenDeadLetter(ctx, e)
+			held, err := r.heldBack(ctx, e)
 			if err != nil {
 				// Unknown: neither park nor dead-letter on a guess; ask
 				// again on the next delivery.
@@ -463,8 +463,8 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 				}
 				continue
 			}
-			if open {
-				r.parkAndAck(ctx, e)
+			if held != "" {
+				r.parkAndAck(ctx, e, held)
 				continue
 			}
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
@@ -472,7 +472,7 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			dead[e.env.AggregateID] = true
 			continue
 		case e.outcome == Gap && dead[e.env.AggregateID]:
-			r.parkAndAck(ctx, e)
+			r.parkAndAck(ctx, e, reasonBehindOpen)
 			continue
 		}
 		var err error
@@ -493,15 +493,32 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 	}
 }
 
-// hasOpenDeadLetter reports whether e's aggregate has an open dead letter in
-// this projection. An error means the answer is unknown (never "no").
-func (r *Runner) hasOpenDeadLetter(ctx context.Context, e *event) (bool, error) {
-	var open bool
-	if err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'open')`,
-		r.proj.Name(), e.env.AggregateID).Scan(&open); err != nil {
-		return false, fmt.Errorf("look up open dead letters of aggregate %s: %w", e.env.AggregateID, err)
+// Reasons of events parked behind an unresolved dead letter of their order.
+const (
+	reasonBehindOpen   = "parked behind an open dead letter of the same order"
+	reasonBehindParked = "parked behind a parked earlier version of the same order"
+)
+
+// heldBack reports why the gap event e, on its last delivery, is to be
+// parked instead of dead-lettered: its order has an open dead letter
+// (reasonBehindOpen), or a parked earlier version that the runner re-drives
+// (reasonBehindParked; v2 must not go open and lock out a deferred v1). It
+// reports "" when nothing holds e back. An error means the answer is
+// unknown (never "no").
+func (r *Runner) heldBack(ctx context.Context, e *event) (string, error) {
+	var open, parked bool
+	if err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'open'),
+       EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'parked' AND aggregate_version < $3)`,
+		r.proj.Name(), e.env.AggregateID, e.env.AggregateVersion).Scan(&open, &parked); err != nil {
+		return "", fmt.Errorf("look up unresolved dead letters of aggregate %s: %w", e.env.AggregateID, err)
 	}
-	return open, nil
+	switch {
+	case open:
+		return reasonBehindOpen, nil
+	case parked:
+		return reasonBehindParked, nil
+	}
+	return "", nil
 }
 
 // delay hands e back to JetStream for redelivery after d, if its tenant
@@ -529,10 +546,11 @@ func (r *Runner) delay(ctx context.Context, e *event, d time.Duration, why strin
 	}
 }
 
-// parkAndAck parks e behind its order's open dead letter: it waits in
-// dead_letters, not in redeliveries. If it cannot be parked, it is nak'ed.
-func (r *Runner) parkAndAck(ctx context.Context, e *event) {
-	if err := r.deadLetter(ctx, r.db, e, statusParked, "parked behind an open dead letter of the same order"); err != nil {
+// parkAndAck parks e behind its order's unresolved dead letter (reason
+// says which): it waits in dead_letters, not in redeliveries. If it cannot
+// be parked, it is nak'ed.
+func (r *Runner) parkAndAck(ctx context.Context, e *event, reason string) {
+	if err := r.deadLetter(ctx, r.db, e, statusParked, reason); err != nil {
 		r.logger.ErrorContext(ctx, "cannot park event; will retry", "event_id", e.env.ID, "err", err)
 		if err := e.msg.NakWithDelay(r.gapDelay(e.deliveries)); err != nil {
 			r.logger.WarnContext(ctx, "nak unparked message", "event_id", e.env.ID, "err", err)

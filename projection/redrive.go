@@ -68,7 +68,8 @@ func (r *Runner) redriveLoop(ctx context.Context) {
 // applied, duplicate or stale → retried; a permanent failure, or deliveries
 // used up → open dead letter; behind an open dead letter → stays parked
 // behind it; otherwise parked again with one more delivery, to be tried
-// after the backoff. It returns how many events it took.
+// after the backoff; a row that is no event at all → open. It returns how
+// many events it took.
 func (r *Runner) redrive(ctx context.Context) (int, error) {
 	var taken int
 	err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
@@ -147,8 +148,8 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 		final := deliveries >= uint64(r.cfg.MaxDeliver)
 		status, reason := statusParked, ""
 		switch {
-		case e.undecodable: // never parked; left as it is
-			continue
+		case e.undecodable: // no event: no retry can apply it
+			status, reason, deliveries = statusOpen, fmt.Sprintf("re-driven but not an event (only discard resolves it): %v", e.err), e.deliveries
 		case e.err != nil && e.permanent:
 			status, reason = statusOpen, fmt.Sprintf("permanent failure (no retry can fix it): %v", e.err)
 		case e.err != nil && final:
@@ -168,8 +169,10 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 			status, reason, deliveries = statusRetried, "re-driven and "+e.outcome.String(), e.deliveries
 			r.stats[e.outcome].Add(1)
 		}
-		if status == statusOpen {
+		if status == statusOpen && !e.undecodable {
 			opened[e.env.AggregateID] = true // its later events in this batch stay parked behind it
+		}
+		if status == statusOpen {
 			r.stats[DeadLettered].Add(1)
 			r.logger.ErrorContext(ctx, "re-driven event dead-lettered", "event_id", e.env.ID,
 				"aggregate_id", e.env.AggregateID, "aggregate_version", e.env.AggregateVersion, "reason", reason)

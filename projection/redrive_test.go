@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,5 +82,31 @@ func TestOpenLaterVersionDoesNotHoldBackAParkedEarlierOne(t *testing.T) {
 	}
 	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = $1 AND status = 'retried'`, evs[0].ID); n != 1 {
 		t.Fatal("v1's row is not marked retried")
+	}
+}
+
+// A parked row whose payload is no event cannot be re-driven: it becomes an
+// open dead letter with a reason, instead of being selected again forever.
+func TestUndecodableParkedRowIsOpened(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{RetryDelay: time.Millisecond})
+	ctx := context.Background()
+	junk := &event{subject: "orders.x", data: []byte(`{"id":`), undecodable: true, seq: 7, deliveries: 1}
+	if err := f.runner.deadLetter(ctx, f.db, junk, statusParked, "deferred: test"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // due
+	if n, err := f.runner.redrive(ctx); err != nil || n != 1 {
+		t.Fatalf("redrive = %d, %v; want 1 taken", n, err)
+	}
+	var status, reason string
+	if err := f.db.QueryRow(ctx, `SELECT status, error FROM dead_letters`).Scan(&status, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if status != statusOpen || !strings.Contains(reason, "not an event") {
+		t.Fatalf("undecodable parked row: status %q, reason %q; want open, not an event", status, reason)
+	}
+	if n, err := f.runner.redrive(ctx); err != nil || n != 0 {
+		t.Fatalf("second redrive = %d, %v; want nothing taken", n, err)
 	}
 }

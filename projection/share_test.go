@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -64,5 +65,33 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 	}
 	if got := (Config{}).withDefaults().tenantLimit(); got != 500 {
 		t.Fatalf("default tenant limit = %d, want 10%% of 5,000", got)
+	}
+}
+
+// Entries of messages another process took expire even when no tenant ever
+// reaches its limit: the map and the per-tenant counts do not grow without
+// bound.
+func TestDelayedWindowSweepsExpiredEntries(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	w := newDelayedWindow(2)
+	for seq := uint64(1); seq <= 1000; seq++ {
+		tenant := fmt.Sprintf("t%d", seq) // each tenant stays under its limit
+		if !w.admit(seq, tenant, now.Add(time.Second), now) {
+			t.Fatalf("tenant %s refused under its limit", tenant)
+		}
+	}
+	later := now.Add(delayedSweepInterval + 2*time.Second) // every entry expired
+	if !w.admit(5000, "other", later.Add(time.Second), later) {
+		t.Fatal("tenant other refused")
+	}
+	w.mu.Lock()
+	entries, tenants := len(w.bySeq), len(w.perTenant)
+	w.mu.Unlock()
+	if entries != 1 || tenants != 1 {
+		t.Fatalf("after expiry the window holds %d entries of %d tenants, want 1 of 1", entries, tenants)
+	}
+	if n := w.held("t7"); n != 0 {
+		t.Fatalf("an expired tenant still holds %d", n)
 	}
 }

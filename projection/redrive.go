@@ -12,29 +12,38 @@ import (
 )
 
 // redriveClause selects (for storedEvents) the parked events of the
-// projection that no open dead letter of an earlier version of their order
-// holds back (those deferred past their tenant's share, those waiting for
-// a parked predecessor, and those a retry or discard left behind because
-// their own predecessor was still missing) and whose next
-// attempt is due: created_at (when the row was last parked) plus the retry
-// backoff of its deliveries. Rows another runner is re-driving are skipped.
-const redriveClause = `projection = $1 AND status = 'parked'
-  AND created_at + least($2::bigint * interval '1 microsecond' * power(2, least(greatest(deliveries, 1) - 1, 10)),
-                         interval '1 minute') <= now()
+// projection whose next attempt is due (deferred past their tenant's share,
+// waiting for a parked predecessor, or left behind by a retry or discard
+// because their own predecessor was still missing) and that no open dead
+// letter of an earlier version of their order holds back, oldest due
+// first. It reads them by the index dead_letters_parked_due, so a batch
+// costs what it takes, however many parked rows wait (rows parked behind
+// an open dead letter have no next attempt and are not in the range). Rows
+// another runner is re-driving are skipped.
+const redriveClause = `projection = $1 AND status = 'parked' AND next_attempt_at <= now()
   AND NOT EXISTS (SELECT 1 FROM dead_letters o
                   WHERE o.projection = dead_letters.projection AND o.aggregate_id = dead_letters.aggregate_id
                     AND o.status = 'open' AND o.aggregate_version < dead_letters.aggregate_version)
-ORDER BY aggregate_id, aggregate_version
-LIMIT $3
+ORDER BY next_attempt_at
+LIMIT $2
 FOR UPDATE SKIP LOCKED`
 
-// redriveUpdateSQL records one re-driven event's result.
+// redriveUpdateSQL records one re-driven event's result; a parked one is
+// due again $5 microseconds from now (NULL: not on a clock).
 const redriveUpdateSQL = `
 UPDATE dead_letters
 SET status = $2, deliveries = $3, error = $4,
-    created_at = CASE WHEN $2 = 'parked' THEN now() ELSE created_at END,
+    next_attempt_at = CASE WHEN $2 = 'parked' THEN now() + $5::bigint * interval '1 microsecond' END,
     resolved_at = CASE WHEN $2 = 'retried' THEN now() END
 WHERE id = $1`
+
+// redriveWakeSQL makes due now the parked events of the orders $2 that a
+// re-drive applied events of (their successors, waiting for them), except
+// the rows $3 of that re-drive itself.
+const redriveWakeSQL = `
+UPDATE dead_letters SET next_attempt_at = now()
+WHERE projection = $1 AND aggregate_id = ANY($2) AND status = 'parked' AND next_attempt_at > now()
+  AND id <> ALL($3)`
 
 // redriveLoop re-drives due parked events every RedriveInterval until ctx
 // ends, a batch at a time while batches come back full.
@@ -73,7 +82,7 @@ func (r *Runner) redriveLoop(ctx context.Context) {
 func (r *Runner) redrive(ctx context.Context) (int, error) {
 	var taken int
 	err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
-		events, err := storedEvents(ctx, tx, redriveClause, r.proj.Name(), r.cfg.RetryDelay.Microseconds(), r.cfg.BatchSize)
+		events, err := storedEvents(ctx, tx, redriveClause, r.proj.Name(), r.cfg.BatchSize)
 		if err != nil {
 			return err
 		}
@@ -142,11 +151,12 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 		return err
 	}
 	opened := map[uuid.UUID]bool{} // aggregates dead-lettered in this pass
+	var applied []uuid.UUID        // aggregates with events applied in this pass
 	b := &pgx.Batch{}
 	for _, e := range events {
 		deliveries := e.deliveries + 1
 		final := deliveries >= uint64(r.cfg.MaxDeliver)
-		status, reason := statusParked, ""
+		status, reason, retryIn := statusParked, "", r.retryDelay(deliveries)
 		switch {
 		case e.undecodable: // no event: no retry can apply it
 			status, reason, deliveries = statusOpen, fmt.Sprintf("re-driven but not an event (only discard resolves it): %v", e.err), e.deliveries
@@ -156,10 +166,12 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 			status, reason = statusOpen, fmt.Sprintf("failed %d times; last error: %v", deliveries, e.err)
 		case e.err != nil:
 			reason = fmt.Sprintf("re-driven; failed %d times; last error: %v", deliveries, e.err)
-		case e.outcome == Gap && opened[e.env.AggregateID]:
-			reason, deliveries = reasonBehindOpen, e.deliveries
+		case e.outcome == Gap && (opened[e.env.AggregateID] || held[e.env.ID] == reasonBehindOpen):
+			reason, deliveries, retryIn = reasonBehindOpen, e.deliveries, noAttempt
 		case e.outcome == Gap && held[e.env.ID] != "":
-			reason, deliveries = held[e.env.ID], e.deliveries
+			// The re-drive that applies the predecessor makes it due; the
+			// backoff is a fallback.
+			reason, deliveries, retryIn = held[e.env.ID], e.deliveries, r.retryDelay(e.deliveries)
 		case e.outcome == Gap && final:
 			status, reason = statusOpen, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
 				e.env.AggregateVersion, e.env.AggregateVersion-1, deliveries)
@@ -168,6 +180,9 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 		default: // applied, duplicate or stale
 			status, reason, deliveries = statusRetried, "re-driven and "+e.outcome.String(), e.deliveries
 			r.stats[e.outcome].Add(1)
+			if e.outcome == Applied {
+				applied = append(applied, e.env.AggregateID)
+			}
 		}
 		if status == statusOpen && !e.undecodable {
 			opened[e.env.AggregateID] = true // its later events in this batch stay parked behind it
@@ -177,7 +192,10 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 			r.logger.ErrorContext(ctx, "re-driven event dead-lettered", "event_id", e.env.ID,
 				"aggregate_id", e.env.AggregateID, "aggregate_version", e.env.AggregateVersion, "reason", reason)
 		}
-		b.Queue(redriveUpdateSQL, e.deadID, status, int64(deliveries), reason)
+		b.Queue(redriveUpdateSQL, e.deadID, status, int64(deliveries), reason, attemptIn(retryIn))
+	}
+	if len(applied) > 0 {
+		b.Queue(redriveWakeSQL, r.proj.Name(), applied, deadIDs(events))
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("record re-driven events: %w", err)

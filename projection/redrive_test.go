@@ -3,9 +3,12 @@ package projection
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/stream"
@@ -20,7 +23,7 @@ func (f fixture) parkedRow(t *testing.T, env domain.Envelope, status, reason str
 		t.Fatal(err)
 	}
 	e := &event{subject: stream.Subject(env.Type), data: data, env: env, deliveries: deliveries}
-	if err := f.runner.deadLetter(context.Background(), f.db, e, status, reason); err != nil {
+	if err := f.runner.deadLetter(context.Background(), f.db, e, status, reason, 0); err != nil {
 		t.Fatal(err)
 	}
 	var id int64
@@ -92,7 +95,7 @@ func TestUndecodableParkedRowIsOpened(t *testing.T) {
 	f := newFixture(t, Config{RetryDelay: time.Millisecond})
 	ctx := context.Background()
 	junk := &event{subject: "orders.x", data: []byte(`{"id":`), undecodable: true, seq: 7, deliveries: 1}
-	if err := f.runner.deadLetter(ctx, f.db, junk, statusParked, "deferred: test"); err != nil {
+	if err := f.runner.deadLetter(ctx, f.db, junk, statusParked, "deferred: test", 0); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(10 * time.Millisecond) // due
@@ -108,5 +111,40 @@ func TestUndecodableParkedRowIsOpened(t *testing.T) {
 	}
 	if n, err := f.runner.redrive(ctx); err != nil || n != 0 {
 		t.Fatalf("second redrive = %d, %v; want nothing taken", n, err)
+	}
+}
+
+// The re-drive query reads due parked rows by their next attempt, through
+// the index on parked rows: never a sequential scan, and never a walk past
+// the rows that are not due (many deferred ones waiting for their backoff,
+// many parked behind open dead letters).
+func TestRedriveQueryUsesTheDueIndex(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, `
+INSERT INTO dead_letters (projection, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
+                          subject, payload, error, deliveries, status, next_attempt_at)
+SELECT p, 't1', gen_random_uuid(), gen_random_uuid(), 2, i, 'orders.x', '\x00', 'deferred: test', 1, 'parked',
+       CASE WHEN i % 1000 = 0 THEN now() - interval '1 second'    -- due
+            WHEN i % 3 = 0 THEN NULL                               -- behind an open dead letter
+            ELSE now() + interval '1 hour' END                     -- backing off
+FROM generate_series(1, 30000) AS i, unnest(ARRAY['order_views', 'daily_sales']) AS p;
+ANALYZE dead_letters`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := f.db.Query(ctx, `EXPLAIN SELECT id, subject, payload, stream_seq, deliveries FROM dead_letters WHERE `+redriveClause,
+		"order_views", DefaultBatchSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := strings.Join(lines, "\n")
+	if strings.Contains(plan, "Seq Scan on dead_letters") || !strings.Contains(plan, "dead_letters_parked_due") ||
+		!regexp.MustCompile(`Index Cond: .*next_attempt_at <= now\(\)`).MatchString(plan) {
+		t.Fatalf("the re-drive query does not read due rows by dead_letters_parked_due:\n%s", plan)
 	}
 }

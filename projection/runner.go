@@ -531,7 +531,7 @@ func (r *Runner) delay(ctx context.Context, e *event, d time.Duration, why strin
 	if !r.window.admit(e.seq, e.env.TenantID, now.Add(d+r.cfg.AckWait), now) {
 		reason := fmt.Sprintf("deferred: tenant %s holds its share of the consumer's window (%d delayed events); %s",
 			e.env.TenantID, r.window.held(e.env.TenantID), why)
-		err := r.deadLetter(ctx, r.db, e, statusParked, reason)
+		err := r.deadLetter(ctx, r.db, e, statusParked, reason, d)
 		if err == nil {
 			r.deferred.Add(1)
 			if err := e.msg.Ack(); err != nil {
@@ -550,7 +550,13 @@ func (r *Runner) delay(ctx context.Context, e *event, d time.Duration, why strin
 // says which): it waits in dead_letters, not in redeliveries. If it cannot
 // be parked, it is nak'ed.
 func (r *Runner) parkAndAck(ctx context.Context, e *event, reason string) {
-	if err := r.deadLetter(ctx, r.db, e, statusParked, reason); err != nil {
+	retryIn := noAttempt // behind an open dead letter: until it is resolved
+	if reason == reasonBehindParked {
+		// The re-drive that applies the predecessor makes it due; the
+		// backoff is a fallback.
+		retryIn = r.retryDelay(e.deliveries)
+	}
+	if err := r.deadLetter(ctx, r.db, e, statusParked, reason, retryIn); err != nil {
 		r.logger.ErrorContext(ctx, "cannot park event; will retry", "event_id", e.env.ID, "err", err)
 		if err := e.msg.NakWithDelay(r.gapDelay(e.deliveries)); err != nil {
 			r.logger.WarnContext(ctx, "nak unparked message", "event_id", e.env.ID, "err", err)
@@ -567,7 +573,7 @@ func (r *Runner) parkAndAck(ctx context.Context, e *event, reason string) {
 // If the record cannot be written, the message is nak'ed instead, so it is
 // never lost.
 func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string) {
-	if err := r.deadLetter(ctx, r.db, e, statusOpen, reason); err != nil {
+	if err := r.deadLetter(ctx, r.db, e, statusOpen, reason, noAttempt); err != nil {
 		r.logger.ErrorContext(ctx, "cannot record dead letter; will retry", "event_id", e.env.ID, "err", err)
 		if err := e.msg.NakWithDelay(r.retryDelay(e.deliveries)); err != nil {
 			r.logger.WarnContext(ctx, "nak message that could not be dead-lettered", "event_id", e.env.ID, "err", err)

@@ -81,7 +81,9 @@ type Config struct {
 	MaxAckPending int
 	// TenantShare is the most of MaxAckPending that one tenant's delayed
 	// messages (nak'ed with a delay after a transient failure or while
-	// waiting for a predecessor) may hold in this runner, in (0, 1];
+	// waiting for a predecessor) may hold in this runner, in (0, 1]. Each
+	// runner counts its own: P processes let a tenant hold up to
+	// P × TenantShare, so divide the intended share by P;
 	// default DefaultTenantShare. Past it, the runner parks the tenant's
 	// further delayed events in dead_letters and acks them, and re-drives
 	// them itself (RedriveInterval), so one tenant's failures cannot fill

@@ -28,21 +28,35 @@ var ErrNoDeadLetter = errors.New("no open dead letter with that id")
 
 const deadLetterInsertSQL = `
 INSERT INTO dead_letters (projection, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
-                          subject, payload, error, deliveries, status)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
+                          subject, payload, error, deliveries, status, next_attempt_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now() + $12::bigint * interval '1 microsecond')`
+
+// noAttempt is the retryIn of a dead letter the runner does not re-drive on
+// a clock: an open one, or one parked behind an open one.
+const noAttempt time.Duration = -1
+
+// attemptIn is the value of next_attempt_at's offset for retryIn: NULL for
+// noAttempt, else microseconds.
+func attemptIn(retryIn time.Duration) any {
+	if retryIn < 0 {
+		return nil
+	}
+	return retryIn.Microseconds()
+}
 
 type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// deadLetter records e with its raw message.
-func (r *Runner) deadLetter(ctx context.Context, db execer, e *event, status, reason string) error {
+// deadLetter records e with its raw message; a parked one is re-driven
+// retryIn from now (noAttempt: not on a clock).
+func (r *Runner) deadLetter(ctx context.Context, db execer, e *event, status, reason string, retryIn time.Duration) error {
 	var tenant, eventID, aggregate, version any // NULL for a message that is no event at all
 	if !e.undecodable {
 		tenant, eventID, aggregate, version = e.env.TenantID, e.env.ID, e.env.AggregateID, e.env.AggregateVersion
 	}
 	if _, err := db.Exec(ctx, deadLetterInsertSQL, r.proj.Name(), tenant, eventID, aggregate, version,
-		int64(e.seq), e.subject, e.data, reason, int64(e.deliveries), status); err != nil {
+		int64(e.seq), e.subject, e.data, reason, int64(e.deliveries), status, attemptIn(retryIn)); err != nil {
 		return fmt.Errorf("insert dead letter: %w", err)
 	}
 	return nil
@@ -200,6 +214,12 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 		}
 		if _, err := tx.Exec(ctx, `UPDATE dead_letters SET status = 'retried', resolved_at = now() WHERE id = ANY($1)`, done); err != nil {
 			return fmt.Errorf("mark parked events retried: %w", err)
+		}
+		// What is left (its own predecessor still missing) is re-driven
+		// from now on.
+		if _, err := tx.Exec(ctx, `UPDATE dead_letters SET next_attempt_at = now()
+WHERE projection = $1 AND aggregate_id = $2 AND status = 'parked' AND next_attempt_at IS NULL`, r.proj.Name(), e.env.AggregateID); err != nil {
+			return fmt.Errorf("make the events left parked due: %w", err)
 		}
 		return nil
 	})

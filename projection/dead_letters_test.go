@@ -153,7 +153,7 @@ func TestRetryMarksEachParkedEventByItsOwnRow(t *testing.T) {
 					t.Fatal(err)
 				}
 				e := &event{subject: stream.Subject(env.Type), data: data, seq: uint64(v), deliveries: 1, env: env}
-				if err := f.runner.deadLetter(ctx, f.db, e, status, "test"); err != nil {
+				if err := f.runner.deadLetter(ctx, f.db, e, status, "test", noAttempt); err != nil {
 					t.Fatal(err)
 				}
 				var id int64

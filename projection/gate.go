@@ -235,7 +235,7 @@ func (r *Runner) park(ctx context.Context, tx pgx.Tx, gaps []*event) error {
 		if !isDead[e.env.AggregateID] || e.msg == nil {
 			continue
 		}
-		if err := r.deadLetter(ctx, tx, e, statusParked, "parked behind an open dead letter of the same order"); err != nil {
+		if err := r.deadLetter(ctx, tx, e, statusParked, reasonBehindOpen, noAttempt); err != nil {
 			return err
 		}
 		e.outcome = Parked

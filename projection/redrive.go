@@ -12,28 +12,38 @@ import (
 )
 
 // redriveClause selects (for storedEvents) the parked events of the
-// projection that no open dead letter of their order holds back (those
-// deferred past their tenant's share, and those a retry or discard left
-// behind because their own predecessor was still missing) and whose next
-// attempt is due: created_at (when the row was last parked) plus the retry
-// backoff of its deliveries. Rows another runner is re-driving are skipped.
-const redriveClause = `projection = $1 AND status = 'parked'
-  AND created_at + least($2::bigint * interval '1 microsecond' * power(2, least(greatest(deliveries, 1) - 1, 10)),
-                         interval '1 minute') <= now()
+// projection whose next attempt is due (deferred past their tenant's share,
+// waiting for a parked predecessor, or left behind by a retry or discard
+// because their own predecessor was still missing) and that no open dead
+// letter of an earlier version of their order holds back, oldest due
+// first. It reads them by the index dead_letters_parked_due, so a batch
+// costs what it takes, however many parked rows wait (rows parked behind
+// an open dead letter have no next attempt and are not in the range). Rows
+// another runner is re-driving are skipped.
+const redriveClause = `projection = $1 AND status = 'parked' AND next_attempt_at <= now()
   AND NOT EXISTS (SELECT 1 FROM dead_letters o
                   WHERE o.projection = dead_letters.projection AND o.aggregate_id = dead_letters.aggregate_id
-                    AND o.status = 'open')
-ORDER BY aggregate_id, aggregate_version
-LIMIT $3
+                    AND o.status = 'open' AND o.aggregate_version < dead_letters.aggregate_version)
+ORDER BY next_attempt_at
+LIMIT $2
 FOR UPDATE SKIP LOCKED`
 
-// redriveUpdateSQL records one re-driven event's result.
+// redriveUpdateSQL records one re-driven event's result; a parked one is
+// due again $5 microseconds from now (NULL: not on a clock).
 const redriveUpdateSQL = `
 UPDATE dead_letters
 SET status = $2, deliveries = $3, error = $4,
-    created_at = CASE WHEN $2 = 'parked' THEN now() ELSE created_at END,
+    next_attempt_at = CASE WHEN $2 = 'parked' THEN now() + $5::bigint * interval '1 microsecond' END,
     resolved_at = CASE WHEN $2 = 'retried' THEN now() END
 WHERE id = $1`
+
+// redriveWakeSQL makes due now the parked events of the orders $2 that a
+// re-drive applied events of (their successors, waiting for them), except
+// the rows $3 of that re-drive itself.
+const redriveWakeSQL = `
+UPDATE dead_letters SET next_attempt_at = now()
+WHERE projection = $1 AND aggregate_id = ANY($2) AND status = 'parked' AND next_attempt_at > now()
+  AND id <> ALL($3)`
 
 // redriveLoop re-drives due parked events every RedriveInterval until ctx
 // ends, a batch at a time while batches come back full.
@@ -67,11 +77,12 @@ func (r *Runner) redriveLoop(ctx context.Context) {
 // applied, duplicate or stale → retried; a permanent failure, or deliveries
 // used up → open dead letter; behind an open dead letter → stays parked
 // behind it; otherwise parked again with one more delivery, to be tried
-// after the backoff. It returns how many events it took.
+// after the backoff; a row that is no event at all → open. It returns how
+// many events it took.
 func (r *Runner) redrive(ctx context.Context) (int, error) {
 	var taken int
 	err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
-		events, err := storedEvents(ctx, tx, redriveClause, r.proj.Name(), r.cfg.RetryDelay.Microseconds(), r.cfg.BatchSize)
+		events, err := storedEvents(ctx, tx, redriveClause, r.proj.Name(), r.cfg.BatchSize)
 		if err != nil {
 			return err
 		}
@@ -135,35 +146,32 @@ func inSavepoint(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) (fnErr, 
 // recordRedriven writes each re-driven event's result to its dead_letters
 // row, in tx, in (aggregate, version) order.
 func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event) error {
-	var gapAggs []uuid.UUID
-	for _, e := range events {
-		if e.err == nil && e.outcome == Gap {
-			gapAggs = append(gapAggs, e.env.AggregateID)
-		}
+	held, err := r.heldBackInTx(ctx, tx, events)
+	if err != nil {
+		return err
 	}
-	isDead := map[uuid.UUID]bool{}
-	if len(gapAggs) > 0 {
-		var err error
-		if isDead, err = idSet(tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), gapAggs)); err != nil {
-			return fmt.Errorf("find dead-lettered aggregates: %w", err)
-		}
-	}
+	opened := map[uuid.UUID]bool{} // aggregates dead-lettered in this pass
+	var applied []uuid.UUID        // aggregates with events applied in this pass
 	b := &pgx.Batch{}
 	for _, e := range events {
 		deliveries := e.deliveries + 1
 		final := deliveries >= uint64(r.cfg.MaxDeliver)
-		status, reason := statusParked, ""
+		status, reason, retryIn := statusParked, "", r.retryDelay(deliveries)
 		switch {
-		case e.undecodable: // never parked; left as it is
-			continue
+		case e.undecodable: // no event: no retry can apply it
+			status, reason, deliveries = statusOpen, fmt.Sprintf("re-driven but not an event (only discard resolves it): %v", e.err), e.deliveries
 		case e.err != nil && e.permanent:
 			status, reason = statusOpen, fmt.Sprintf("permanent failure (no retry can fix it): %v", e.err)
 		case e.err != nil && final:
 			status, reason = statusOpen, fmt.Sprintf("failed %d times; last error: %v", deliveries, e.err)
 		case e.err != nil:
 			reason = fmt.Sprintf("re-driven; failed %d times; last error: %v", deliveries, e.err)
-		case e.outcome == Gap && isDead[e.env.AggregateID]:
-			reason, deliveries = "parked behind an open dead letter of the same order", e.deliveries
+		case e.outcome == Gap && (opened[e.env.AggregateID] || held[e.env.ID] == reasonBehindOpen):
+			reason, deliveries, retryIn = reasonBehindOpen, e.deliveries, noAttempt
+		case e.outcome == Gap && held[e.env.ID] != "":
+			// The re-drive that applies the predecessor makes it due; the
+			// backoff is a fallback.
+			reason, deliveries, retryIn = held[e.env.ID], e.deliveries, r.retryDelay(e.deliveries)
 		case e.outcome == Gap && final:
 			status, reason = statusOpen, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
 				e.env.AggregateVersion, e.env.AggregateVersion-1, deliveries)
@@ -172,17 +180,69 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 		default: // applied, duplicate or stale
 			status, reason, deliveries = statusRetried, "re-driven and "+e.outcome.String(), e.deliveries
 			r.stats[e.outcome].Add(1)
+			if e.outcome == Applied {
+				applied = append(applied, e.env.AggregateID)
+			}
+		}
+		if status == statusOpen && !e.undecodable {
+			opened[e.env.AggregateID] = true // its later events in this batch stay parked behind it
 		}
 		if status == statusOpen {
-			isDead[e.env.AggregateID] = true // its later events in this batch stay parked behind it
 			r.stats[DeadLettered].Add(1)
 			r.logger.ErrorContext(ctx, "re-driven event dead-lettered", "event_id", e.env.ID,
 				"aggregate_id", e.env.AggregateID, "aggregate_version", e.env.AggregateVersion, "reason", reason)
 		}
-		b.Queue(redriveUpdateSQL, e.deadID, status, int64(deliveries), reason)
+		b.Queue(redriveUpdateSQL, e.deadID, status, int64(deliveries), reason, attemptIn(retryIn))
+	}
+	if len(applied) > 0 {
+		b.Queue(redriveWakeSQL, r.proj.Name(), applied, deadIDs(events))
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("record re-driven events: %w", err)
 	}
 	return nil
+}
+
+// redriveHeldBackSQL finds, of the gap events $2 (aggregates $3, versions
+// $4), those that an unresolved dead letter of their order holds back: an
+// open one (of any version), or a parked earlier version. It returns each
+// such event's id and whether an open one holds it.
+const redriveHeldBackSQL = `
+SELECT g.event_id,
+       EXISTS (SELECT 1 FROM dead_letters d
+               WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id AND d.status = 'open')
+FROM unnest($2::uuid[], $3::uuid[], $4::bigint[]) AS g(event_id, aggregate_id, version)
+WHERE EXISTS (SELECT 1 FROM dead_letters d
+              WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id
+                AND (d.status = 'open' OR (d.status = 'parked' AND d.aggregate_version < g.version)))`
+
+// heldBackInTx maps each re-driven gap event of events that an unresolved
+// dead letter of its order holds back to the reason it stays parked. Such
+// an event keeps its deliveries: it waits for its predecessor, it has not
+// failed.
+func (r *Runner) heldBackInTx(ctx context.Context, tx pgx.Tx, events []*event) (map[uuid.UUID]string, error) {
+	var ids, aggs []uuid.UUID
+	var versions []int64
+	for _, e := range events {
+		if e.err == nil && e.outcome == Gap {
+			ids, aggs, versions = append(ids, e.env.ID), append(aggs, e.env.AggregateID), append(versions, e.env.AggregateVersion)
+		}
+	}
+	held := map[uuid.UUID]string{}
+	if len(ids) == 0 {
+		return held, nil
+	}
+	rows, _ := tx.Query(ctx, redriveHeldBackSQL, r.proj.Name(), ids, aggs, versions)
+	var id uuid.UUID
+	var open bool
+	if _, err := pgx.ForEachRow(rows, []any{&id, &open}, func() error {
+		held[id] = reasonBehindParked
+		if open {
+			held[id] = reasonBehindOpen
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("find re-driven events held back by dead letters: %w", err)
+	}
+	return held, nil
 }

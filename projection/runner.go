@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -80,7 +81,9 @@ type Config struct {
 	MaxAckPending int
 	// TenantShare is the most of MaxAckPending that one tenant's delayed
 	// messages (nak'ed with a delay after a transient failure or while
-	// waiting for a predecessor) may hold in this runner, in (0, 1];
+	// waiting for a predecessor) may hold in this runner, in (0, 1]. Each
+	// runner counts its own: P processes let a tenant hold up to
+	// P × TenantShare, so divide the intended share by P;
 	// default DefaultTenantShare. Past it, the runner parks the tenant's
 	// further delayed events in dead_letters and acks them, and re-drives
 	// them itself (RedriveInterval), so one tenant's failures cannot fill
@@ -435,8 +438,11 @@ func (r *Runner) keepInProgress(msgs []jetstream.Msg) (stop func()) {
 
 // settle acks, naks or terminates each message after the transaction.
 func (r *Runner) settle(ctx context.Context, events []*event) {
-	dead := map[uuid.UUID]bool{} // aggregates dead-lettered in this pass
-	for _, e := range events {   // in (aggregate, version) order
+	dead := map[uuid.UUID]bool{}        // aggregates dead-lettered in this pass
+	deferredAgg := map[uuid.UUID]bool{} // aggregates with an event deferred in this pass
+	var deferred []deferral
+	defer func() { r.deferAll(ctx, deferred) }()
+	for _, e := range events { // in (aggregate, version) order
 		final := e.deliveries >= uint64(r.cfg.MaxDeliver)
 		switch {
 		case e.outcome == Malformed:
@@ -452,8 +458,13 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err))
 			dead[e.env.AggregateID] = true
 			continue
+		case e.outcome == Gap && final && deferredAgg[e.env.AggregateID]:
+			// Its predecessor is deferred in this pass: park it behind it,
+			// in the same statement.
+			deferred = append(deferred, deferral{e: e, retryIn: r.retryDelay(e.deliveries), reason: reasonBehindParked})
+			continue
 		case e.outcome == Gap && final && !dead[e.env.AggregateID]:
-			open, err := r.hasOpenDeadLetter(ctx, e)
+			held, err := r.heldBack(ctx, e)
 			if err != nil {
 				// Unknown: neither park nor dead-letter on a guess; ask
 				// again on the next delivery.
@@ -463,8 +474,8 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 				}
 				continue
 			}
-			if open {
-				r.parkAndAck(ctx, e)
+			if held != "" {
+				r.parkAndAck(ctx, e, held)
 				continue
 			}
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
@@ -472,17 +483,21 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			dead[e.env.AggregateID] = true
 			continue
 		case e.outcome == Gap && dead[e.env.AggregateID]:
-			r.parkAndAck(ctx, e)
+			r.parkAndAck(ctx, e, reasonBehindOpen)
 			continue
 		}
 		var err error
 		switch {
 		case e.err != nil:
 			r.logger.ErrorContext(ctx, "event failed; will be redelivered", "event_id", e.env.ID, "deliveries", e.deliveries, "err", e.err)
-			r.delay(ctx, e, r.retryDelay(e.deliveries), fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err))
+			if d, ok := r.delay(ctx, e, r.retryDelay(e.deliveries), fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err)); !ok {
+				deferred, deferredAgg[e.env.AggregateID] = append(deferred, d), true
+			}
 		case e.outcome == Gap:
 			r.stats[Gap].Add(1)
-			r.delay(ctx, e, r.gapDelay(e.deliveries), fmt.Sprintf("version %d waits for version %d", e.env.AggregateVersion, e.env.AggregateVersion-1))
+			if d, ok := r.delay(ctx, e, r.gapDelay(e.deliveries), fmt.Sprintf("version %d waits for version %d", e.env.AggregateVersion, e.env.AggregateVersion-1)); !ok {
+				deferred, deferredAgg[e.env.AggregateID] = append(deferred, d), true
+			}
 		default:
 			err = e.msg.Ack()
 			r.stats[e.outcome].Add(1)
@@ -493,46 +508,121 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 	}
 }
 
-// hasOpenDeadLetter reports whether e's aggregate has an open dead letter in
-// this projection. An error means the answer is unknown (never "no").
-func (r *Runner) hasOpenDeadLetter(ctx context.Context, e *event) (bool, error) {
-	var open bool
-	if err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'open')`,
-		r.proj.Name(), e.env.AggregateID).Scan(&open); err != nil {
-		return false, fmt.Errorf("look up open dead letters of aggregate %s: %w", e.env.AggregateID, err)
+// Reasons of events parked behind an unresolved dead letter of their order.
+const (
+	reasonBehindOpen   = "parked behind an open dead letter of the same order"
+	reasonBehindParked = "parked behind a parked earlier version of the same order"
+)
+
+// heldBack reports why the gap event e, on its last delivery, is to be
+// parked instead of dead-lettered: its order has an open dead letter
+// (reasonBehindOpen), or a parked earlier version that the runner re-drives
+// (reasonBehindParked; v2 must not go open and lock out a deferred v1). It
+// reports "" when nothing holds e back. An error means the answer is
+// unknown (never "no").
+func (r *Runner) heldBack(ctx context.Context, e *event) (string, error) {
+	var open, parked bool
+	if err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'open'),
+       EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'parked' AND aggregate_version < $3)`,
+		r.proj.Name(), e.env.AggregateID, e.env.AggregateVersion).Scan(&open, &parked); err != nil {
+		return "", fmt.Errorf("look up unresolved dead letters of aggregate %s: %w", e.env.AggregateID, err)
 	}
-	return open, nil
+	switch {
+	case open:
+		return reasonBehindOpen, nil
+	case parked:
+		return reasonBehindParked, nil
+	}
+	return "", nil
+}
+
+// deferral is a delayed event to be parked (and then acked) with the other
+// deferrals of its settle pass, in one statement.
+type deferral struct {
+	e       *event
+	retryIn time.Duration // its delay: of the nak if it cannot be parked, and of its next attempt
+	reason  string
 }
 
 // delay hands e back to JetStream for redelivery after d, if its tenant
-// holds fewer delayed messages than its share of the window. Past it, e is
+// holds fewer delayed messages than its share of the window, and reports
+// true. Past it, it reports false and the deferral to write: e is to be
 // parked in dead_letters (deferred: no open dead letter holds it back) and
-// acked, out of the window; redriveLoop tries it again from there. If it
-// cannot be parked, it is nak'ed all the same: never lost.
-func (r *Runner) delay(ctx context.Context, e *event, d time.Duration, why string) {
+// acked, out of the window; redriveLoop tries it again from there.
+func (r *Runner) delay(ctx context.Context, e *event, d time.Duration, why string) (deferral, bool) {
 	now := time.Now()
 	if !r.window.admit(e.seq, e.env.TenantID, now.Add(d+r.cfg.AckWait), now) {
 		reason := fmt.Sprintf("deferred: tenant %s holds its share of the consumer's window (%d delayed events); %s",
 			e.env.TenantID, r.window.held(e.env.TenantID), why)
-		err := r.deadLetter(ctx, r.db, e, statusParked, reason)
-		if err == nil {
-			r.deferred.Add(1)
-			if err := e.msg.Ack(); err != nil {
-				r.logger.WarnContext(ctx, "ack deferred message", "event_id", e.env.ID, "err", err)
-			}
-			return
-		}
-		r.logger.ErrorContext(ctx, "cannot defer event past its tenant's share; nak'ing it", "event_id", e.env.ID, "tenant_id", e.env.TenantID, "err", err)
+		return deferral{e: e, retryIn: d, reason: reason}, false
 	}
 	if err := e.msg.NakWithDelay(d); err != nil {
 		r.logger.WarnContext(ctx, "nak message with delay", "event_id", e.env.ID, "err", err)
 	}
+	return deferral{}, true
 }
 
-// parkAndAck parks e behind its order's open dead letter: it waits in
-// dead_letters, not in redeliveries. If it cannot be parked, it is nak'ed.
-func (r *Runner) parkAndAck(ctx context.Context, e *event) {
-	if err := r.deadLetter(ctx, r.db, e, statusParked, "parked behind an open dead letter of the same order"); err != nil {
+// deferralsInsertSQL parks a settle pass's deferrals in one statement.
+const deferralsInsertSQL = `
+INSERT INTO dead_letters (projection, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
+                          subject, payload, error, deliveries, status, next_attempt_at)
+SELECT $1, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
+       subject, payload, error, deliveries, 'parked', now() + retry_in * interval '1 microsecond'
+FROM unnest($2::text[], $3::uuid[], $4::uuid[], $5::bigint[], $6::bigint[],
+            $7::text[], $8::bytea[], $9::text[], $10::integer[], $11::bigint[])
+     AS d(tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
+          subject, payload, error, deliveries, retry_in)`
+
+// deferAll parks deferred in one statement (one round trip, one commit)
+// and then acks each of their messages. If they cannot be parked, each is
+// nak'ed with its delay instead: never lost, never acked before the commit.
+func (r *Runner) deferAll(ctx context.Context, deferred []deferral) {
+	if len(deferred) == 0 {
+		return
+	}
+	n := len(deferred)
+	tenants, ids, aggs := make([]string, n), make([]uuid.UUID, n), make([]uuid.UUID, n)
+	versions, seqs, deliveries, retryIn := make([]int64, n), make([]int64, n), make([]int32, n), make([]int64, n)
+	subjects, payloads, reasons := make([]string, n), make([][]byte, n), make([]string, n)
+	for i, d := range deferred {
+		e := d.e
+		tenants[i], ids[i], aggs[i], versions[i] = e.env.TenantID, e.env.ID, e.env.AggregateID, e.env.AggregateVersion
+		seqs[i], subjects[i], payloads[i], reasons[i] = int64(e.seq), e.subject, e.data, d.reason
+		deliveries[i], retryIn[i] = int32(min(e.deliveries, math.MaxInt32)), d.retryIn.Microseconds()
+	}
+	if _, err := r.db.Exec(ctx, deferralsInsertSQL, r.proj.Name(), tenants, ids, aggs, versions, seqs,
+		subjects, payloads, reasons, deliveries, retryIn); err != nil {
+		r.logger.ErrorContext(ctx, "cannot park deferred events; nak'ing them", "events", n, "err", err)
+		for _, d := range deferred {
+			if err := d.e.msg.NakWithDelay(d.retryIn); err != nil {
+				r.logger.WarnContext(ctx, "nak message with delay", "event_id", d.e.env.ID, "err", err)
+			}
+		}
+		return
+	}
+	for _, d := range deferred {
+		if d.reason == reasonBehindParked {
+			r.stats[Parked].Add(1)
+		} else {
+			r.deferred.Add(1)
+		}
+		if err := d.e.msg.Ack(); err != nil {
+			r.logger.WarnContext(ctx, "ack deferred message", "event_id", d.e.env.ID, "err", err)
+		}
+	}
+}
+
+// parkAndAck parks e behind its order's unresolved dead letter (reason
+// says which): it waits in dead_letters, not in redeliveries. If it cannot
+// be parked, it is nak'ed.
+func (r *Runner) parkAndAck(ctx context.Context, e *event, reason string) {
+	retryIn := noAttempt // behind an open dead letter: until it is resolved
+	if reason == reasonBehindParked {
+		// The re-drive that applies the predecessor makes it due; the
+		// backoff is a fallback.
+		retryIn = r.retryDelay(e.deliveries)
+	}
+	if err := r.deadLetter(ctx, r.db, e, statusParked, reason, retryIn); err != nil {
 		r.logger.ErrorContext(ctx, "cannot park event; will retry", "event_id", e.env.ID, "err", err)
 		if err := e.msg.NakWithDelay(r.gapDelay(e.deliveries)); err != nil {
 			r.logger.WarnContext(ctx, "nak unparked message", "event_id", e.env.ID, "err", err)
@@ -549,7 +639,7 @@ func (r *Runner) parkAndAck(ctx context.Context, e *event) {
 // If the record cannot be written, the message is nak'ed instead, so it is
 // never lost.
 func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string) {
-	if err := r.deadLetter(ctx, r.db, e, statusOpen, reason); err != nil {
+	if err := r.deadLetter(ctx, r.db, e, statusOpen, reason, noAttempt); err != nil {
 		r.logger.ErrorContext(ctx, "cannot record dead letter; will retry", "event_id", e.env.ID, "err", err)
 		if err := e.msg.NakWithDelay(r.retryDelay(e.deliveries)); err != nil {
 			r.logger.WarnContext(ctx, "nak message that could not be dead-lettered", "event_id", e.env.ID, "err", err)

@@ -14,13 +14,22 @@ import (
 //
 // The count is this runner's own: a message redelivered to another process
 // is forgotten here when its entry expires, some time after its delay.
+// Expired entries are swept at least every delayedSweepInterval (and
+// whenever the map doubles since the last sweep), so they never pile up,
+// even when no tenant reaches its limit.
 type delayedWindow struct {
 	limit int
 
 	mu        sync.Mutex
 	bySeq     map[uint64]delayedMsg // by stream sequence
 	perTenant map[string]int
+	nextSweep time.Time // sweep expired entries at the first admit from then
+	sweepAt   int       // … or once bySeq holds this many
 }
+
+// delayedSweepInterval is how often, at most, a delayedWindow's expired
+// entries wait for a sweep.
+const delayedSweepInterval = 10 * time.Second
 
 type delayedMsg struct {
 	tenant string
@@ -28,7 +37,7 @@ type delayedMsg struct {
 }
 
 func newDelayedWindow(limit int) *delayedWindow {
-	return &delayedWindow{limit: limit, bySeq: map[uint64]delayedMsg{}, perTenant: map[string]int{}}
+	return &delayedWindow{limit: limit, bySeq: map[uint64]delayedMsg{}, perTenant: map[string]int{}, sweepAt: 2 * limit}
 }
 
 // received forgets the message with stream sequence seq: it is back in a
@@ -49,6 +58,9 @@ func (w *delayedWindow) admit(seq uint64, tenant string, until, now time.Time) b
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.forget(seq)
+	if !now.Before(w.nextSweep) || len(w.bySeq) >= w.sweepAt {
+		w.sweep(now)
+	}
 	if w.perTenant[tenant] >= w.limit {
 		w.expire(now)
 		if w.perTenant[tenant] >= w.limit {
@@ -78,8 +90,17 @@ func (w *delayedWindow) forget(seq uint64) {
 	}
 }
 
-// expire forgets the messages whose time is up. It scans every entry, at
-// most MaxAckPending of them, and runs only when a tenant is at its limit.
+// sweep expires entries and schedules the next sweep: after
+// delayedSweepInterval, or once the map holds twice what is left (at least
+// twice the limit), so its cost is spread over the admits in between.
+func (w *delayedWindow) sweep(now time.Time) {
+	w.expire(now)
+	w.nextSweep = now.Add(delayedSweepInterval)
+	w.sweepAt = 2 * max(len(w.bySeq), w.limit)
+}
+
+// expire forgets the messages whose time is up. It scans every entry; it
+// runs on a sweep and when a tenant is at its limit.
 func (w *delayedWindow) expire(now time.Time) {
 	for seq, m := range w.bySeq {
 		if now.After(m.until) {

@@ -2,10 +2,14 @@ package projection
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestDelayedWindowKeepsEachTenantUnderItsLimit(t *testing.T) {
@@ -65,4 +69,79 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 	if got := (Config{}).withDefaults().tenantLimit(); got != 500 {
 		t.Fatalf("default tenant limit = %d, want 10%% of 5,000", got)
 	}
+}
+
+// Entries of messages another process took expire even when no tenant ever
+// reaches its limit: the map and the per-tenant counts do not grow without
+// bound.
+func TestDelayedWindowSweepsExpiredEntries(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	w := newDelayedWindow(2)
+	for seq := uint64(1); seq <= 1000; seq++ {
+		tenant := fmt.Sprintf("t%d", seq) // each tenant stays under its limit
+		if !w.admit(seq, tenant, now.Add(time.Second), now) {
+			t.Fatalf("tenant %s refused under its limit", tenant)
+		}
+	}
+	later := now.Add(delayedSweepInterval + 2*time.Second) // every entry expired
+	if !w.admit(5000, "other", later.Add(time.Second), later) {
+		t.Fatal("tenant other refused")
+	}
+	w.mu.Lock()
+	entries, tenants := len(w.bySeq), len(w.perTenant)
+	w.mu.Unlock()
+	if entries != 1 || tenants != 1 {
+		t.Fatalf("after expiry the window holds %d entries of %d tenants, want 1 of 1", entries, tenants)
+	}
+	if n := w.held("t7"); n != 0 {
+		t.Fatalf("an expired tenant still holds %d", n)
+	}
+}
+
+// The delayed events a batch defers past their tenant's share are parked in
+// one statement (one round trip, not one commit each), and each is acked
+// only once that statement committed.
+func TestDeferralsOfABatchAreParkedInOneStatement(t *testing.T) {
+	t.Parallel()
+	tracer := &failingTracer{match: "INSERT INTO dead_letters"}
+	db := tracedDB(t, tracer)
+	f := newFixture(t, Config{})
+	f.db = db
+	cfg := Config{Workers: 1, MaxAckPending: 4, TenantShare: 0.25, GapDelay: time.Minute} // a tenant holds 1
+	f.runner = NewRunner(db, f.js, OrderViews{}, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
+	const n = 4
+	for range n {
+		v2 := createdEvent(t, uuid.Must(uuid.NewV7()))
+		v2.AggregateVersion = 2 // waits for a v1 that is not there yet
+		f.publish(t, v2, v2.ID.String())
+	}
+	ctx := context.Background()
+	cons, err := f.runner.Consumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != n {
+		t.Fatalf("fetched %d messages, want %d", len(msgs), n)
+	}
+	f.runner.Process(ctx, msgs)
+
+	if got := f.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'parked' AND error LIKE 'deferred:%'`); got != n-1 {
+		t.Fatalf("%d events deferred, want %d (all but the one within the share)", got, n-1)
+	}
+	if hits := tracer.hits.Load(); hits != 1 {
+		t.Fatalf("deferring %d events took %d statements, want 1", n-1, hits)
+	}
+	eventually(t, "the deferred events are acked, the delayed one is not", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 1
+	})
 }

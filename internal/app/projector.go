@@ -97,7 +97,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	maxAckPending := env.Int(fs, "max-ack-pending", "PROJECTOR_MAX_ACK_PENDING", 0,
 		fmt.Sprintf("each consumer's in-flight window (0: %d × batch size × workers)", projection.DefaultAckPendingBatches))
 	tenantShare := env.Int(fs, "tenant-share-percent", "PROJECTOR_TENANT_SHARE_PERCENT", int(projection.DefaultTenantShare*100),
-		"most of the in-flight window one tenant's delayed events may hold, in percent; the excess is parked and re-driven")
+		"most of the in-flight window one tenant's delayed events may hold in this process, in percent (per process: divide the intended share by the number of projector processes); the excess is parked and re-driven")
 	replicas := env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream and consumers (3 on a cluster)")
 	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 10, "most PostgreSQL connections of this process")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")

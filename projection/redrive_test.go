@@ -1,0 +1,150 @@
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/stream"
+)
+
+// parkedRow writes env to dead_letters with status, as the runner does when
+// it defers (parked) or dead-letters (open) an event.
+func (f fixture) parkedRow(t *testing.T, env domain.Envelope, status, reason string, deliveries uint64) int64 {
+	t.Helper()
+	data, err := json.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &event{subject: stream.Subject(env.Type), data: data, env: env, deliveries: deliveries}
+	if err := f.runner.deadLetter(context.Background(), f.db, e, status, reason, 0); err != nil {
+		t.Fatal(err)
+	}
+	var id int64
+	if err := f.db.QueryRow(context.Background(), `SELECT id FROM dead_letters WHERE event_id = $1`, env.ID).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// A parked (deferred) v1 of an order, and its v2 on the stream waiting for
+// it: v2 reaches its last delivery long before v1 is due again (the gap
+// backoff is faster than the retry backoff). v2 must wait behind v1, not
+// become an open dead letter that locks v1 out; then the runner re-drives
+// v1 and v2, each applied once, in order.
+func TestGapBehindAParkedPredecessorWaitsForIt(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Workers: 1, MaxDeliver: 3, GapDelay: 10 * time.Millisecond,
+		RetryDelay: 500 * time.Millisecond, RedriveInterval: 50 * time.Millisecond}
+	f := newFixture(t, cfg)
+	evs := orderEvents(t, "t1", "c-1")
+	v1, v2 := evs[0], evs[1]
+	f.parkedRow(t, v1, statusParked, "deferred: tenant t1 holds its share of the consumer's window; failed 1 times", 1)
+	f.publish(t, v2, v2.ID.String())
+	f.run(t)
+
+	eventually(t, "v1 and v2 are applied", func() bool {
+		return f.count(t, `SELECT count(*) FROM order_views WHERE order_id = $1 AND version = 2`, v1.AggregateID) == 1
+	})
+	if n := f.count(t, `SELECT count(*) FROM inbox WHERE aggregate_id = $1`, v1.AggregateID); n != 2 {
+		t.Fatalf("inbox rows of the order = %d, want 2 (each event once)", n)
+	}
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE status <> 'retried'`); n != 0 {
+		t.Fatalf("%d dead letters not resolved as retried", n)
+	}
+	if s := f.runner.Stats(); s.DeadLettered != 0 {
+		t.Fatalf("stats = %+v: something was dead-lettered", s)
+	}
+}
+
+// An open dead letter holds back only the parked events of its order that
+// come after it: a parked earlier version (left by a runner before this
+// rule) is re-driven and applied.
+func TestOpenLaterVersionDoesNotHoldBackAParkedEarlierOne(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{RetryDelay: time.Millisecond})
+	evs := orderEvents(t, "t1", "c-1")
+	f.parkedRow(t, evs[0], statusParked, "deferred: test", 1)
+	f.parkedRow(t, evs[1], statusOpen, "version 2 never became applicable (version 1 missing) in 10 deliveries", 10)
+	ctx := context.Background()
+	eventually(t, "v1 is re-driven", func() bool {
+		n, err := f.runner.redrive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	if v, _ := f.view(t, evs[0].AggregateID); v != 1 {
+		t.Fatalf("view version = %d, want 1", v)
+	}
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = $1 AND status = 'retried'`, evs[0].ID); n != 1 {
+		t.Fatal("v1's row is not marked retried")
+	}
+}
+
+// A parked row whose payload is no event cannot be re-driven: it becomes an
+// open dead letter with a reason, instead of being selected again forever.
+func TestUndecodableParkedRowIsOpened(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{RetryDelay: time.Millisecond})
+	ctx := context.Background()
+	junk := &event{subject: "orders.x", data: []byte(`{"id":`), undecodable: true, seq: 7, deliveries: 1}
+	if err := f.runner.deadLetter(ctx, f.db, junk, statusParked, "deferred: test", 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // due
+	if n, err := f.runner.redrive(ctx); err != nil || n != 1 {
+		t.Fatalf("redrive = %d, %v; want 1 taken", n, err)
+	}
+	var status, reason string
+	if err := f.db.QueryRow(ctx, `SELECT status, error FROM dead_letters`).Scan(&status, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if status != statusOpen || !strings.Contains(reason, "not an event") {
+		t.Fatalf("undecodable parked row: status %q, reason %q; want open, not an event", status, reason)
+	}
+	if n, err := f.runner.redrive(ctx); err != nil || n != 0 {
+		t.Fatalf("second redrive = %d, %v; want nothing taken", n, err)
+	}
+}
+
+// The re-drive query reads due parked rows by their next attempt, through
+// the index on parked rows: never a sequential scan, and never a walk past
+// the rows that are not due (many deferred ones waiting for their backoff,
+// many parked behind open dead letters).
+func TestRedriveQueryUsesTheDueIndex(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, `
+INSERT INTO dead_letters (projection, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
+                          subject, payload, error, deliveries, status, next_attempt_at)
+SELECT p, 't1', gen_random_uuid(), gen_random_uuid(), 2, i, 'orders.x', '\x00', 'deferred: test', 1, 'parked',
+       CASE WHEN i % 1000 = 0 THEN now() - interval '1 second'    -- due
+            WHEN i % 3 = 0 THEN NULL                               -- behind an open dead letter
+            ELSE now() + interval '1 hour' END                     -- backing off
+FROM generate_series(1, 30000) AS i, unnest(ARRAY['order_views', 'daily_sales']) AS p;
+ANALYZE dead_letters`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := f.db.Query(ctx, `EXPLAIN SELECT id, subject, payload, stream_seq, deliveries FROM dead_letters WHERE `+redriveClause,
+		"order_views", DefaultBatchSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := strings.Join(lines, "\n")
+	if strings.Contains(plan, "Seq Scan on dead_letters") || !strings.Contains(plan, "dead_letters_parked_due") ||
+		!regexp.MustCompile(`Index Cond: .*next_attempt_at <= now\(\)`).MatchString(plan) {
+		t.Fatalf("the re-drive query does not read due rows by dead_letters_parked_due:\n%s", plan)
+	}
+}

@@ -32,7 +32,7 @@ type summaryDelta struct {
 	lastOrderAt    *time.Time
 }
 
-const customerSummariesUpsertSQL = `
+const CustomerSummariesUpsertSQL = `
 INSERT INTO customer_summaries AS s (tenant_id, customer_id, currency, orders_pending, orders_paid,
     orders_shipped, orders_cancelled, total_paid, total_refunded, last_order_at)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
@@ -131,7 +131,7 @@ func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
 		totalPaid, totalRefunded = append(totalPaid, d.paid), append(totalRefunded, d.refunded)
 		last = append(last, d.lastOrderAt)
 	}
-	b.Queue(customerSummariesUpsertSQL, tenants, customers, currencies,
+	b.Queue(CustomerSummariesUpsertSQL, tenants, customers, currencies,
 		pending, paid, shipped, cancelled, totalPaid, totalRefunded, last)
 	return nil
 }

@@ -31,7 +31,7 @@ type salesKey struct {
 
 type salesDelta struct{ orders, paid, refunded int64 }
 
-const dailySalesUpsertSQL = `
+const DailySalesUpsertSQL = `
 INSERT INTO daily_sales AS s (tenant_id, day, currency, orders, paid_amount, refunded_amount)
 SELECT * FROM unnest($1::text[], $2::date[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
 ON CONFLICT (tenant_id, day, currency) DO UPDATE SET
@@ -106,6 +106,6 @@ func (DailySales) Queue(b *pgx.Batch, events []domain.Envelope) error {
 		tenants, days, currencies = append(tenants, k.tenant), append(days, k.day), append(currencies, k.currency)
 		orders, paid, refunded = append(orders, d.orders), append(paid, d.paid), append(refunded, d.refunded)
 	}
-	b.Queue(dailySalesUpsertSQL, tenants, days, currencies, orders, paid, refunded)
+	b.Queue(DailySalesUpsertSQL, tenants, days, currencies, orders, paid, refunded)
 	return nil
 }

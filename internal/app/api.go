@@ -279,23 +279,18 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		if err != nil {
 			return fmt.Errorf("jetstream: %w", err)
 		}
-		// Several relay workers, each owning its share of the partitions on
-		// its own connection, so that one claims and marks in the database
-		// while another waits for PubAcks.
-		var relays []*outbox.Relay
-		share := (cfg.relayPartitions + cfg.relayWorkers - 1) / cfg.relayWorkers
-		for i := range cfg.relayWorkers {
-			relays = append(relays, outbox.NewRelay(pool, js, logger.With("component", "relay", "worker", i), outbox.Config{
-				StreamReplicas: cfg.replicas, MaxPartitions: share, Retention: cfg.relayRetention, BatchSize: cfg.relayBatch,
-			}))
+		// One relay with several workers, each owning its share of the
+		// partitions on its own connection, so that one claims and marks in
+		// the database while another waits for PubAcks.
+		relay, err := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{
+			StreamReplicas: cfg.replicas, MaxPartitions: cfg.relayPartitions, Workers: cfg.relayWorkers,
+			Retention: cfg.relayRetention, BatchSize: cfg.relayBatch,
+		})
+		if err != nil {
+			return err
 		}
 		sum := func(f func(outbox.Stats) int64) func() int64 {
-			return func() (n int64) {
-				for _, r := range relays {
-					n += f(r.Stats())
-				}
-				return n
-			}
+			return func() int64 { return f(relay.Stats()) }
 		}
 		ms = append(ms,
 			counter("relay_published_total", "outbox events published by this process's relay", sum(func(s outbox.Stats) int64 { return s.Published })),
@@ -305,9 +300,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 			counter("relay_pruned_total", "published outbox rows pruned after the retention", sum(func(s outbox.Stats) int64 { return s.Pruned })),
 			metrics.Metric{Name: "relay_partitions_owned", Help: "outbox partitions this process's relay publishes",
 				Read: metrics.One(sum(func(s outbox.Stats) int64 { return s.Partitions }))})
-		for _, r := range relays {
-			wg.Go(func() { r.Run(bgCtx) })
-		}
+		wg.Go(func() { relay.Run(bgCtx) })
 	}
 
 	// Read-your-writes: the projector NOTIFYs when it applied something.

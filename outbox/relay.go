@@ -60,7 +60,7 @@ const (
 	DefaultMaxPartitions    = Partitions
 	DefaultWorkers          = 2
 	DefaultTakeoverInterval = 5 * time.Second
-	DefaultStreamReplicas   = 1
+	DefaultStreamReplicas   = stream.DefaultReplicas
 	// MaxBatchSize is the largest BatchSize: one JetStream atomic batch.
 	MaxBatchSize = maxAtomicBatch
 )
@@ -137,8 +137,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("outbox relay: TakeoverInterval must not be negative, got %s", c.TakeoverInterval)
 	case c.Retention < 0:
 		return c, fmt.Errorf("outbox relay: Retention must not be negative, got %s", c.Retention)
-	case c.StreamReplicas < 1 || c.StreamReplicas > 5:
-		return c, fmt.Errorf("outbox relay: StreamReplicas must be 1 to 5, got %d", c.StreamReplicas)
+	case c.StreamReplicas < 1 || c.StreamReplicas > stream.MaxReplicas:
+		return c, fmt.Errorf("outbox relay: StreamReplicas must be 1 to %d, got %d", stream.MaxReplicas, c.StreamReplicas)
 	case c.DuplicateWindow < 0:
 		return c, fmt.Errorf("outbox relay: DuplicateWindow must not be negative, got %s", c.DuplicateWindow)
 	}

@@ -28,6 +28,16 @@ import (
 const (
 	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:54329/orders?sslmode=disable"
 	DefaultNATSURL     = "nats://127.0.0.1:14222"
+	// DefaultAPIPoolSize and DefaultProjectorPoolSize are the default
+	// -db-pool-size of each process.
+	DefaultAPIPoolSize       = 20
+	DefaultProjectorPoolSize = 10
+	// DefaultJanitorInterval is how often the api deletes expired keys.
+	DefaultJanitorInterval = time.Minute
+	// APIShutdownTimeout and ProjectorShutdownTimeout bound how long each
+	// process's HTTP server waits for in-flight requests when it stops.
+	APIShutdownTimeout       = 10 * time.Second
+	ProjectorShutdownTimeout = 5 * time.Second
 )
 
 // Env reads settings: each flag's default is the environment variable's

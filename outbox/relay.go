@@ -231,6 +231,9 @@ func (r *Relay) Run(ctx context.Context) {
 	for ctx.Err() == nil {
 		s, err := stream.Ensure(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas, DuplicateWindow: r.cfg.DuplicateWindow})
 		if err != nil {
+			if ctx.Err() != nil {
+				break // stopping, not failing
+			}
 			r.logger.ErrorContext(ctx, "relay cannot ensure stream; retrying", "err", err)
 			sleep(ctx, 2*time.Second)
 			continue

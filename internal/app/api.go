@@ -215,7 +215,7 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeDB(pool, logger)
 	switch sub {
 	case "migrate":
 		logger.Info("migrations applied")
@@ -267,8 +267,11 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	var wg sync.WaitGroup
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
+		start := time.Now()
 		stopBackground()
 		wg.Wait()
+		logger.Info("shutdown: background work stopped (relay batches committed and marked, partitions released, listeners closed)",
+			"duration", time.Since(start))
 	}()
 
 	janitor := &keyJanitor{keys: idem, every: cfg.janitorEvery, logger: logger.With("component", "janitor")}

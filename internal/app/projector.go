@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -154,7 +155,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeDB(pool, logger)
 	runnerOf := func(js jetstream.JetStream, name string) (*projection.Runner, error) {
 		for _, p := range projections() {
 			if p.Name() == name {
@@ -262,7 +263,13 @@ func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool
 	health.Register(mux, monitor)
 	mux.Get("/metrics", metrics.Handler(projectorMetrics(ctx, runners, pruner, pool, logger)))
 	g.Go(func() error { return Serve(gctx, cfg.httpAddr, mux, logger, ProjectorShutdownTimeout) })
-	return g.Wait() // the deferred CloseNATS flushes the last acks
+	var stopping atomic.Int64 // when gctx ended (unix ns)
+	stop := context.AfterFunc(gctx, func() { stopping.Store(time.Now().UnixNano()) })
+	defer stop()
+	err = g.Wait()
+	logger.Info("shutdown: projections stopped (batches in hand committed; their acks go out with the NATS flush)",
+		"duration", time.Since(time.Unix(0, stopping.Load())), "err", err)
+	return err // the deferred CloseNATS flushes the last acks
 }
 
 // projectorMetrics are the counters of this process's runners and the lag

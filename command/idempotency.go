@@ -449,11 +449,14 @@ type storedKey struct {
 	expired            bool
 }
 
+// The idempotency store's SQL (internal/bench renders it into the create
+// ceiling's pgbench script).
 const (
+	// KeyLockTimeout bounds the wait for a key held by an in-flight request.
 	KeyLockTimeout      = `SELECT set_config('lock_timeout', $1, true)`
 	KeyLockTimeoutReset = `SET LOCAL lock_timeout TO DEFAULT`
 
-	// keyInsert claims the key. If a concurrent transaction holds an
+	// KeyInsert claims the key. If a concurrent transaction holds an
 	// uncommitted row for it, this waits on the unique index (bounded by
 	// lock_timeout) and then inserts (that transaction rolled back) or returns
 	// no row (it committed).
@@ -463,6 +466,7 @@ VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
 ON CONFLICT (tenant_id, scope, key) DO NOTHING
 RETURNING expires_at`
 
+	// KeyComplete stores the response of a key's execution.
 	KeyComplete = `
 UPDATE idempotency_keys
 SET status_code = $4, response_headers = $5, response_body = $6

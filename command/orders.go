@@ -12,7 +12,7 @@ import (
 )
 
 const (
-	// orderCreateSQL writes a new order, its items and its first event in
+	// OrderCreateSQL writes a new order, its items and its first event in
 	// one statement (one round trip). If the key already created an order
 	// (its key row had expired), it writes nothing and returns 0.
 	OrderCreateSQL = `

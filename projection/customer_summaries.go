@@ -31,6 +31,8 @@ type summaryDelta struct {
 	lastOrderAt    *time.Time
 }
 
+// CustomerSummariesUpsertSQL adds a batch's deltas to the summary rows, one
+// array element per row.
 const CustomerSummariesUpsertSQL = `
 INSERT INTO customer_summaries AS s (tenant_id, customer_id, currency, orders_pending, orders_paid,
     orders_shipped, orders_cancelled, total_paid, total_refunded, last_order_at)

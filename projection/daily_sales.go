@@ -30,6 +30,8 @@ type salesKey struct {
 
 type salesDelta struct{ orders, paid, refunded int64 }
 
+// DailySalesUpsertSQL adds a batch's deltas to the daily rows, one array
+// element per row.
 const DailySalesUpsertSQL = `
 INSERT INTO daily_sales AS s (tenant_id, day, currency, orders, paid_amount, refunded_amount)
 SELECT * FROM unnest($1::text[], $2::date[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])

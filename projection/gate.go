@@ -12,21 +12,21 @@ import (
 	"github.com/acme/orders/postgres"
 )
 
-// advisoryClass is the first key of the projector's advisory locks: every
+// AdvisoryClass is the first key of the projector's advisory locks: every
 // batch holds the projection's lock shared, a rebuild's swap holds it
 // exclusively.
 const AdvisoryClass = 0x0b7b0c5
 
 const (
-	// sharedLockSQL takes the projection's lock shared. It is a statement
-	// of its own, sent before positionsLockSQL in the same round trip: so
+	// SharedLockSQL takes the projection's lock shared. It is a statement
+	// of its own, sent before PositionsLockSQL in the same round trip: so
 	// every batch takes it (a lock joined into the positions query would be
 	// skipped when no position row matches, as for a batch of new orders),
 	// and the positions are read with a snapshot taken after it is granted
 	// (so after any rebuild swap that held it).
 	SharedLockSQL = `SELECT pg_advisory_xact_lock_shared($1, hashtext($2))`
 
-	// positionsLockSQL locks the position of every aggregate of the batch
+	// PositionsLockSQL locks the position of every aggregate of the batch
 	// ($2, sorted, so that concurrent batches lock in the same order). One
 	// index probe per aggregate, whatever the table's statistics say: with
 	// "aggregate_id = ANY($2)" a table not analysed yet (a new deployment's
@@ -40,6 +40,7 @@ CROSS JOIN LATERAL (
     WHERE projection = $1 AND aggregate_id = a.id
     FOR UPDATE) AS p`
 
+	// PositionsAdvanceSQL records the versions a batch applied.
 	PositionsAdvanceSQL = `
 INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)
 SELECT $1, tenant_id, aggregate_id, version FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS p(tenant_id, aggregate_id, version)
@@ -47,6 +48,7 @@ ORDER BY aggregate_id
 ON CONFLICT (projection, aggregate_id) DO UPDATE
 SET version = GREATEST(projection_positions.version, EXCLUDED.version)`
 
+	// InboxInsertSQL records a batch's events, returning those not seen before.
 	InboxInsertSQL = `
 INSERT INTO inbox (projection, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
 SELECT $1, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq
@@ -61,14 +63,16 @@ RETURNING event_id`
 SELECT DISTINCT aggregate_id FROM dead_letters
 WHERE projection = $1 AND status = 'open' AND aggregate_id = ANY($2)`
 
+	// CheckpointAdvanceSQL moves the projection's stream checkpoint forward.
 	CheckpointAdvanceSQL = `
 INSERT INTO projection_checkpoints (projection, stream_seq, updated_at)
 VALUES ($1, $2, now())
 ON CONFLICT (projection) DO UPDATE
 SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq), updated_at = now()`
 
-	// Wakes the readers waiting to read their own writes of these orders
-	// (query.Changes): the payload is the projection and the order ids.
+	// NotifyAppliedSQL wakes the readers waiting to read their own writes
+	// of these orders (query.Changes): the payload is the projection and the
+	// order ids.
 	NotifyAppliedSQL = `SELECT pg_notify('projection_applied', $1)`
 )
 

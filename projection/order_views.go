@@ -24,7 +24,7 @@ func (OrderViews) Name() string { return "order_views" }
 func (OrderViews) Tables() []string { return []string{"order_views"} }
 
 const (
-	// orderViewInsertSQL inserts the views of new orders, many in one go.
+	// OrderViewInsertSQL inserts the views of new orders, many in one go.
 	OrderViewInsertSQL = `
 INSERT INTO order_views (tenant_id, order_id, customer_id, status, currency, items, total, version, created_at, updated_at)
 SELECT tenant_id, order_id, customer_id, status, currency, items, total, version, created_at, created_at

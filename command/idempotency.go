@@ -254,7 +254,7 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 					res = Result{Response: resp}
 					return errUnstored
 				}
-				if _, err := tx.Exec(ctx, keyComplete, req.TenantID, req.Scope, req.Key, resp.Status, resp.Header, resp.Body); err != nil {
+				if _, err := tx.Exec(ctx, KeyComplete, req.TenantID, req.Scope, req.Key, resp.Status, resp.Header, resp.Body); err != nil {
 					return fmt.Errorf("store response: %w", err)
 				}
 				res = Result{Response: resp, ExpiresAt: expiresAt}
@@ -422,8 +422,8 @@ func (s *Idempotency) DeleteExpired(ctx context.Context, batch int) (int64, erro
 // 55P03.
 func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration) (claimed bool, expiresAt time.Time, waited bool, err error) {
 	b := &pgx.Batch{}
-	b.Queue(keyLockTimeout, lockTimeout(wait))
-	b.Queue(keyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).
+	b.Queue(KeyLockTimeout, lockTimeout(wait))
+	b.Queue(KeyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).
 		QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&expiresAt)
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -432,7 +432,7 @@ func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp
 			claimed = err == nil
 			return err
 		})
-	b.Queue(keyLockTimeoutReset)
+	b.Queue(KeyLockTimeoutReset)
 	start := time.Now()
 	err = tx.SendBatch(ctx, b).Close()
 	return claimed, expiresAt, time.Since(start) >= waitThreshold, err
@@ -449,21 +449,25 @@ type storedKey struct {
 	expired            bool
 }
 
+// The idempotency store's SQL (internal/bench renders it into the create
+// ceiling's pgbench script).
 const (
-	keyLockTimeout      = `SELECT set_config('lock_timeout', $1, true)`
-	keyLockTimeoutReset = `SET LOCAL lock_timeout TO DEFAULT`
+	// KeyLockTimeout bounds the wait for a key held by an in-flight request.
+	KeyLockTimeout      = `SELECT set_config('lock_timeout', $1, true)`
+	KeyLockTimeoutReset = `SET LOCAL lock_timeout TO DEFAULT`
 
-	// keyInsert claims the key. If a concurrent transaction holds an
+	// KeyInsert claims the key. If a concurrent transaction holds an
 	// uncommitted row for it, this waits on the unique index (bounded by
 	// lock_timeout) and then inserts (that transaction rolled back) or returns
 	// no row (it committed).
-	keyInsert = `
+	KeyInsert = `
 INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
 ON CONFLICT (tenant_id, scope, key) DO NOTHING
 RETURNING expires_at`
 
-	keyComplete = `
+	// KeyComplete stores the response of a key's execution.
+	KeyComplete = `
 UPDATE idempotency_keys
 SET status_code = $4, response_headers = $5, response_body = $6
 WHERE tenant_id = $1 AND scope = $2 AND key = $3`

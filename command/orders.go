@@ -12,10 +12,10 @@ import (
 )
 
 const (
-	// orderCreateSQL writes a new order, its items and its first event in
+	// OrderCreateSQL writes a new order, its items and its first event in
 	// one statement (one round trip). If the key already created an order
 	// (its key row had expired), it writes nothing and returns 0.
-	orderCreateSQL = `
+	OrderCreateSQL = `
 WITH o AS (
     INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
@@ -63,7 +63,7 @@ func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey str
 		quantities[i], prices[i], totals[i] = it.Quantity, it.UnitPrice, it.LineTotal
 	}
 	var created int
-	if err := tx.QueryRow(ctx, orderCreateSQL, o.TenantID, o.ID, o.CustomerID, o.Status, o.Currency, o.Total, o.Version,
+	if err := tx.QueryRow(ctx, OrderCreateSQL, o.TenantID, o.ID, o.CustomerID, o.Status, o.Currency, o.Total, o.Version,
 		creatingKey, o.CreatedAt, lineNos, skus, quantities, prices, totals, env.ID, env.Type, env).Scan(&created); err != nil {
 		return uuid.Nil, fmt.Errorf("insert order: %w", err)
 	}

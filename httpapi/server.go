@@ -84,10 +84,10 @@ type Deps struct {
 	GetDailySales      Query[query.GetDailySales, []query.DaySales]
 
 	// KeyWait bounds how long a request waits for an in-flight request with
-	// the same Idempotency-Key before it gets 409; default 5s.
+	// the same Idempotency-Key before it gets 409; default DefaultKeyWait.
 	KeyWait time.Duration
 	// ReadWait is how long a read with min_version (or min_position) waits
-	// for the read model by default; default 2s. Clients may ask for up to
+	// for the read model by default; default DefaultReadWait. Clients may ask for up to
 	// MaxReadWait with Prefer: wait=N.
 	ReadWait time.Duration
 	// Health answers /readyz from its last round of checks (nil: always ready).
@@ -106,8 +106,15 @@ type Deps struct {
 	BodyTimeout time.Duration
 }
 
-// MaxReadWait bounds any read-your-writes wait.
-const MaxReadWait = 10 * time.Second
+// The defaults of Deps' waits, and the bound of a read-your-writes wait.
+const (
+	// DefaultKeyWait is Deps.KeyWait's default.
+	DefaultKeyWait = 5 * time.Second
+	// DefaultReadWait is Deps.ReadWait's default.
+	DefaultReadWait = 2 * time.Second
+	// MaxReadWait bounds any read-your-writes wait.
+	MaxReadWait = 10 * time.Second
+)
 
 // Server serves the API.
 type Server struct {
@@ -117,10 +124,10 @@ type Server struct {
 // New returns the API's http.Handler.
 func New(deps Deps) http.Handler {
 	if deps.KeyWait <= 0 {
-		deps.KeyWait = 5 * time.Second
+		deps.KeyWait = DefaultKeyWait
 	}
 	if deps.ReadWait <= 0 {
-		deps.ReadWait = 2 * time.Second
+		deps.ReadWait = DefaultReadWait
 	}
 	if deps.BodyTimeout <= 0 {
 		deps.BodyTimeout = DefaultBodyTimeout

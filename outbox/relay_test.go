@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,7 +45,7 @@ func TestRelayPublishesOnceAndRepublishIsAbsorbed(t *testing.T) {
 		}
 	}
 
-	relay := outbox.NewRelay(db, js, slog.New(slog.NewTextHandler(io.Discard, nil)), outbox.Config{BatchSize: 10})
+	relay := newRelay(t, db, js, outbox.Config{BatchSize: 10, Workers: 1})
 	for {
 		claimed, err := relay.RelayBatch(ctx)
 		if err != nil {
@@ -117,9 +120,8 @@ func TestStandbyRelayTakesOver(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, js, _ := newPipeline(t, stream.Settings{})
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := outbox.Config{TakeoverInterval: 50 * time.Millisecond}
-	first, second := outbox.NewRelay(db, js, logger, cfg), outbox.NewRelay(db, js, logger, cfg)
+	first, second := newRelay(t, db, js, cfg), newRelay(t, db, js, cfg)
 
 	createOrders(t, db, 10, "a")
 	if _, err := first.RelayBatch(ctx); err != nil {
@@ -150,6 +152,16 @@ func TestStandbyRelayTakesOver(t *testing.T) {
 	if second.Stats().Partitions != outbox.Partitions || second.Stats().Published != 10 {
 		t.Fatalf("standby stats %+v: want all partitions and the 10 new events", second.Stats())
 	}
+}
+
+// newRelay returns a relay with cfg that logs nowhere.
+func newRelay(t *testing.T, db *pgxpool.Pool, js jetstream.JetStream, cfg outbox.Config) *outbox.Relay {
+	t.Helper()
+	relay, err := outbox.NewRelay(db, js, slog.New(slog.NewTextHandler(io.Discard, nil)), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return relay
 }
 
 // newPipeline returns a fresh database, a JetStream server and the stream
@@ -201,7 +213,7 @@ func TestRepublishBeyondTheDuplicateWindowIsAbsorbedByTheInbox(t *testing.T) {
 	const window = time.Second
 	db, js, s := newPipeline(t, stream.Settings{DuplicateWindow: window})
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	relay := outbox.NewRelay(db, js, logger, outbox.Config{DuplicateWindow: window})
+	relay := newRelay(t, db, js, outbox.Config{DuplicateWindow: window})
 	createOrders(t, db, 20, "w")
 	relayAll(t, relay)
 
@@ -266,7 +278,7 @@ func TestRelayWithoutAtomicBatchesPublishesEachMessage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, js, s := newPipeline(t, stream.Settings{})
-	relay := outbox.NewRelay(db, js, slog.New(slog.NewTextHandler(io.Discard, nil)), outbox.Config{BatchSize: 5})
+	relay := newRelay(t, db, js, outbox.Config{BatchSize: 5, Workers: 1})
 	createOrders(t, db, 5, "a")
 	if _, err := relay.RelayBatch(ctx); err != nil {
 		t.Fatal(err)
@@ -293,4 +305,60 @@ func TestRelayWithoutAtomicBatchesPublishesEachMessage(t *testing.T) {
 	if st := relay.Stats(); st.AtomicBatches != 1 || st.Fallbacks != 1 || st.Duplicates != 0 {
 		t.Fatalf("stats = %+v; want 1 atomic batch, then 1 refusal and no atomic batch after it", st)
 	}
+}
+
+// Run returns only after every goroutine it started has ended, and while it
+// runs it keeps outside the pool one connection per worker (the partition
+// leases) plus one listener the workers share.
+func TestRelayRunJoinsItsGoroutinesAndSharesOneListener(t *testing.T) {
+	t.Parallel()
+	db, js, _ := newPipeline(t, stream.Settings{})
+	const workers = 2
+	relays := []*outbox.Relay{newRelay(t, db, js, outbox.Config{Workers: workers, PollInterval: 50 * time.Millisecond})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var wg sync.WaitGroup
+		for _, r := range relays {
+			wg.Go(func() { r.Run(ctx) })
+		}
+		wg.Wait()
+	}()
+	owned := func() (n int64) {
+		for _, r := range relays {
+			n += r.Stats().Partitions
+		}
+		return n
+	}
+	testenv.Eventually(t, 10*time.Second, "the relay owns every partition and listens", func() bool {
+		return owned() == outbox.Partitions && outsidePool(t, db) >= workers+1
+	})
+	time.Sleep(200 * time.Millisecond) // a second listener would be connected by now
+	if n := outsidePool(t, db); n != workers+1 {
+		t.Fatalf("%d connections outside the pool; want %d (one lease per worker, one shared listener)", n, workers+1)
+	}
+
+	cancel()
+	<-done
+	buf := make([]byte, 1<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	for _, frame := range []string{"postgres.Listen", "outbox.(*worker)", "outbox.(*Relay).Run"} {
+		if strings.Contains(stacks, frame) {
+			t.Fatalf("a goroutine in %s is still running after Run returned:\n%s", frame, stacks)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, "the relay's connections are closed", func() bool { return outsidePool(t, db) == 0 })
+}
+
+// outsidePool counts the connections to the test's database that its pool
+// does not hold (hijacked ones, like the relay's leases and listener).
+func outsidePool(t *testing.T, db *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n - int(db.Stat().TotalConns())
 }

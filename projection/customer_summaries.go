@@ -2,7 +2,6 @@ package projection
 
 import (
 	"cmp"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,7 +31,9 @@ type summaryDelta struct {
 	lastOrderAt    *time.Time
 }
 
-const customerSummariesUpsertSQL = `
+// CustomerSummariesUpsertSQL adds a batch's deltas to the summary rows, one
+// array element per row.
+const CustomerSummariesUpsertSQL = `
 INSERT INTO customer_summaries AS s (tenant_id, customer_id, currency, orders_pending, orders_paid,
     orders_shipped, orders_cancelled, total_paid, total_refunded, last_order_at)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
@@ -53,15 +54,9 @@ ON CONFLICT (tenant_id, customer_id, currency) DO UPDATE SET
 // are numeric(38,0), so the stored sums themselves are exact up to 10^38 - 1
 // (past that PostgreSQL refuses the batch with a range error).
 func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
-	deltas := map[summaryKey]*summaryDelta{}
+	deltas := newDeltaRows[summaryKey](func() *summaryDelta { return &summaryDelta{byStatus: map[domain.Status]int64{}} })
 	delta := func(tenant, customer, currency string) *summaryDelta {
-		k := summaryKey{tenant, customer, currency}
-		d := deltas[k]
-		if d == nil {
-			d = &summaryDelta{byStatus: map[domain.Status]int64{}}
-			deltas[k] = d
-		}
-		return d
+		return deltas.at(summaryKey{tenant, customer, currency})
 	}
 	move := func(env domain.Envelope, t domain.Transition) *summaryDelta {
 		d := delta(env.TenantID, t.CustomerID, t.Currency)
@@ -107,22 +102,16 @@ func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
 			}
 		}
 	}
-	if len(deltas) == 0 {
+	if deltas.empty() {
 		return nil
 	}
 
-	keys := make([]summaryKey, 0, len(deltas))
-	for k := range deltas {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b summaryKey) int {
-		return cmp.Or(cmp.Compare(a.tenant, b.tenant), cmp.Compare(a.customer, b.customer), cmp.Compare(a.currency, b.currency))
-	})
 	var tenants, customers, currencies []string
 	var pending, paid, shipped, cancelled, totalPaid, totalRefunded []int64
 	var last []*time.Time
-	for _, k := range keys {
-		d := deltas[k]
+	deltas.inOrder(func(a, b summaryKey) int {
+		return cmp.Or(cmp.Compare(a.tenant, b.tenant), cmp.Compare(a.customer, b.customer), cmp.Compare(a.currency, b.currency))
+	}, func(k summaryKey, d *summaryDelta) {
 		tenants, customers, currencies = append(tenants, k.tenant), append(customers, k.customer), append(currencies, k.currency)
 		pending = append(pending, d.byStatus[domain.StatusPending])
 		paid = append(paid, d.byStatus[domain.StatusPaid])
@@ -130,8 +119,8 @@ func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
 		cancelled = append(cancelled, d.byStatus[domain.StatusCancelled])
 		totalPaid, totalRefunded = append(totalPaid, d.paid), append(totalRefunded, d.refunded)
 		last = append(last, d.lastOrderAt)
-	}
-	b.Queue(customerSummariesUpsertSQL, tenants, customers, currencies,
+	})
+	b.Queue(CustomerSummariesUpsertSQL, tenants, customers, currencies,
 		pending, paid, shipped, cancelled, totalPaid, totalRefunded, last)
 	return nil
 }

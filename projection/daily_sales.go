@@ -2,7 +2,6 @@ package projection
 
 import (
 	"cmp"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,7 +30,9 @@ type salesKey struct {
 
 type salesDelta struct{ orders, paid, refunded int64 }
 
-const dailySalesUpsertSQL = `
+// DailySalesUpsertSQL adds a batch's deltas to the daily rows, one array
+// element per row.
+const DailySalesUpsertSQL = `
 INSERT INTO daily_sales AS s (tenant_id, day, currency, orders, paid_amount, refunded_amount)
 SELECT * FROM unnest($1::text[], $2::date[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
 ON CONFLICT (tenant_id, day, currency) DO UPDATE SET
@@ -50,13 +51,9 @@ func Day(t time.Time) time.Time {
 // past the int64 range is an error wrapping ErrPermanent, and the numeric(38,0)
 // columns hold sums exactly up to 10^38 - 1.
 func (DailySales) Queue(b *pgx.Batch, events []domain.Envelope) error {
-	deltas := map[salesKey]*salesDelta{}
+	deltas := newDeltaRows[salesKey, salesDelta](nil)
 	delta := func(tenant string, at time.Time, currency string) *salesDelta {
-		k := salesKey{tenant, Day(at), currency}
-		if deltas[k] == nil {
-			deltas[k] = &salesDelta{}
-		}
-		return deltas[k]
+		return deltas.at(salesKey{tenant, Day(at), currency})
 	}
 	for _, env := range events {
 		switch env.Type {
@@ -88,24 +85,18 @@ func (DailySales) Queue(b *pgx.Batch, events []domain.Envelope) error {
 			}
 		}
 	}
-	if len(deltas) == 0 {
+	if deltas.empty() {
 		return nil
 	}
-	keys := make([]salesKey, 0, len(deltas))
-	for k := range deltas {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b salesKey) int {
-		return cmp.Or(cmp.Compare(a.tenant, b.tenant), a.day.Compare(b.day), cmp.Compare(a.currency, b.currency))
-	})
 	var tenants, currencies []string
 	var days []time.Time
 	var orders, paid, refunded []int64
-	for _, k := range keys {
-		d := deltas[k]
+	deltas.inOrder(func(a, b salesKey) int {
+		return cmp.Or(cmp.Compare(a.tenant, b.tenant), a.day.Compare(b.day), cmp.Compare(a.currency, b.currency))
+	}, func(k salesKey, d *salesDelta) {
 		tenants, days, currencies = append(tenants, k.tenant), append(days, k.day), append(currencies, k.currency)
 		orders, paid, refunded = append(orders, d.orders), append(paid, d.paid), append(refunded, d.refunded)
-	}
-	b.Queue(dailySalesUpsertSQL, tenants, days, currencies, orders, paid, refunded)
+	})
+	b.Queue(DailySalesUpsertSQL, tenants, days, currencies, orders, paid, refunded)
 	return nil
 }

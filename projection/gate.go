@@ -12,27 +12,27 @@ import (
 	"github.com/acme/orders/postgres"
 )
 
-// advisoryClass is the first key of the projector's advisory locks: every
+// AdvisoryClass is the first key of the projector's advisory locks: every
 // batch holds the projection's lock shared, a rebuild's swap holds it
 // exclusively.
-const advisoryClass = 0x0b7b0c5
+const AdvisoryClass = 0x0b7b0c5
 
 const (
-	// sharedLockSQL takes the projection's lock shared. It is a statement
-	// of its own, sent before positionsLockSQL in the same round trip: so
+	// SharedLockSQL takes the projection's lock shared. It is a statement
+	// of its own, sent before PositionsLockSQL in the same round trip: so
 	// every batch takes it (a lock joined into the positions query would be
 	// skipped when no position row matches, as for a batch of new orders),
 	// and the positions are read with a snapshot taken after it is granted
 	// (so after any rebuild swap that held it).
-	sharedLockSQL = `SELECT pg_advisory_xact_lock_shared($1, hashtext($2))`
+	SharedLockSQL = `SELECT pg_advisory_xact_lock_shared($1, hashtext($2))`
 
-	// positionsLockSQL locks the position of every aggregate of the batch
+	// PositionsLockSQL locks the position of every aggregate of the batch
 	// ($2, sorted, so that concurrent batches lock in the same order). One
 	// index probe per aggregate, whatever the table's statistics say: with
 	// "aggregate_id = ANY($2)" a table not analysed yet (a new deployment's
 	// first minute) got a plan that read every position of the projection,
 	// 15 ms a batch at 27k positions.
-	positionsLockSQL = `
+	PositionsLockSQL = `
 SELECT p.aggregate_id, p.version
 FROM unnest($2::uuid[]) AS a(id)
 CROSS JOIN LATERAL (
@@ -40,14 +40,16 @@ CROSS JOIN LATERAL (
     WHERE projection = $1 AND aggregate_id = a.id
     FOR UPDATE) AS p`
 
-	positionsAdvanceSQL = `
+	// PositionsAdvanceSQL records the versions a batch applied.
+	PositionsAdvanceSQL = `
 INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)
 SELECT $1, tenant_id, aggregate_id, version FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS p(tenant_id, aggregate_id, version)
 ORDER BY aggregate_id
 ON CONFLICT (projection, aggregate_id) DO UPDATE
 SET version = GREATEST(projection_positions.version, EXCLUDED.version)`
 
-	inboxInsertSQL = `
+	// InboxInsertSQL records a batch's events, returning those not seen before.
+	InboxInsertSQL = `
 INSERT INTO inbox (projection, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
 SELECT $1, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq
 FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bigint[], $6::bigint[])
@@ -61,15 +63,17 @@ RETURNING event_id`
 SELECT DISTINCT aggregate_id FROM dead_letters
 WHERE projection = $1 AND status = 'open' AND aggregate_id = ANY($2)`
 
-	checkpointAdvanceSQL = `
+	// CheckpointAdvanceSQL moves the projection's stream checkpoint forward.
+	CheckpointAdvanceSQL = `
 INSERT INTO projection_checkpoints (projection, stream_seq, updated_at)
 VALUES ($1, $2, now())
 ON CONFLICT (projection) DO UPDATE
 SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq), updated_at = now()`
 
-	// Wakes the readers waiting to read their own writes of these orders
-	// (query.Changes): the payload is the projection and the order ids.
-	notifyAppliedSQL = `SELECT pg_notify('projection_applied', $1)`
+	// NotifyAppliedSQL wakes the readers waiting to read their own writes
+	// of these orders (query.Changes): the payload is the projection and the
+	// order ids.
+	NotifyAppliedSQL = `SELECT pg_notify('projection_applied', $1)`
 )
 
 // commit applies events in one transaction of their own.
@@ -147,7 +151,7 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 		ids[i], tenants[i], aggs[i] = e.env.ID, e.env.TenantID, e.env.AggregateID
 		versions[i], seqs[i] = e.env.AggregateVersion, int64(e.seq)
 	}
-	isNew, err := idSet(tx.Query(ctx, inboxInsertSQL, name, ids, tenants, aggs, versions, seqs))
+	isNew, err := idSet(tx.Query(ctx, InboxInsertSQL, name, ids, tenants, aggs, versions, seqs))
 	if err != nil {
 		return fmt.Errorf("insert inbox rows: %w", err)
 	}
@@ -176,13 +180,13 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 		if err := r.proj.Queue(b, apply); err != nil {
 			return fmt.Errorf("apply %d events: %w", len(apply), err)
 		}
-		b.Queue(positionsAdvanceSQL, name, tenants, aggs, versions)
+		b.Queue(PositionsAdvanceSQL, name, tenants, aggs, versions)
 		for _, payload := range appliedPayloads(name, aggs) {
-			b.Queue(notifyAppliedSQL, payload)
+			b.Queue(NotifyAppliedSQL, payload)
 		}
 	}
 	if maxSeq > 0 {
-		b.Queue(checkpointAdvanceSQL, name, int64(maxSeq))
+		b.Queue(CheckpointAdvanceSQL, name, int64(maxSeq))
 	}
 	if b.Len() > 0 {
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -196,8 +200,8 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 // the positions of aggregates, in one round trip.
 func lockPositions(ctx context.Context, tx pgx.Tx, name string, aggregates []uuid.UUID) (map[uuid.UUID]int64, error) {
 	b := &pgx.Batch{}
-	b.Queue(sharedLockSQL, advisoryClass, name)
-	b.Queue(positionsLockSQL, name, aggregates)
+	b.Queue(SharedLockSQL, AdvisoryClass, name)
+	b.Queue(PositionsLockSQL, name, aggregates)
 	res := tx.SendBatch(ctx, b)
 	defer res.Close()
 	if _, err := res.Exec(); err != nil {

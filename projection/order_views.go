@@ -24,8 +24,8 @@ func (OrderViews) Name() string { return "order_views" }
 func (OrderViews) Tables() []string { return []string{"order_views"} }
 
 const (
-	// orderViewInsertSQL inserts the views of new orders, many in one go.
-	orderViewInsertSQL = `
+	// OrderViewInsertSQL inserts the views of new orders, many in one go.
+	OrderViewInsertSQL = `
 INSERT INTO order_views (tenant_id, order_id, customer_id, status, currency, items, total, version, created_at, updated_at)
 SELECT tenant_id, order_id, customer_id, status, currency, items, total, version, created_at, created_at
 FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::jsonb[], $7::bigint[], $8::bigint[], $9::timestamptz[])
@@ -108,7 +108,7 @@ func (OrderViews) Queue(b *pgx.Batch, events []domain.Envelope) error {
 		}
 	}
 	if c := created; len(c.ids) > 0 {
-		b.Queue(orderViewInsertSQL, c.tenants, c.ids, c.customers, c.statuses, c.currencies, c.items, c.totals, c.versions, c.at)
+		b.Queue(OrderViewInsertSQL, c.tenants, c.ids, c.customers, c.statuses, c.currencies, c.items, c.totals, c.versions, c.at)
 	}
 	for _, queue := range updates {
 		queue()

@@ -73,7 +73,7 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 
 	// Phase 2: catch up and swap, with the live runners held back.
 	err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, advisoryClass, name); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, AdvisoryClass, name); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, inShadow); err != nil {
@@ -111,7 +111,7 @@ ON CONFLICT (projection, aggregate_id) DO UPDATE SET version = GREATEST(projecti
 				return fmt.Errorf("swap bookkeeping: %w", err)
 			}
 		}
-		_, err := tx.Exec(ctx, notifyAppliedSQL, name)
+		_, err := tx.Exec(ctx, NotifyAppliedSQL, name)
 		return err
 	})
 	stats.Duration = time.Since(start)

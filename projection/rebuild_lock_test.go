@@ -24,7 +24,7 @@ func TestEveryBatchWaitsForARebuildSwap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer swap.Rollback(ctx) //nolint:errcheck
-	if _, err := swap.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, advisoryClass, f.runner.Name()); err != nil {
+	if _, err := swap.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, AdvisoryClass, f.runner.Name()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -43,7 +43,7 @@ func TestEveryBatchWaitsForARebuildSwap(t *testing.T) {
 		default:
 		}
 		return f.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = $1`, advisoryClass) == 1
+WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = $1`, AdvisoryClass) == 1
 	})
 	if err := swap.Rollback(ctx); err != nil {
 		t.Fatal(err)

@@ -27,6 +27,13 @@ const Subjects = subjectPrefix + ">"
 // republished event. A republish after it is absorbed by the projectors' inbox.
 const DuplicateWindow = 5 * time.Minute
 
+// DefaultReplicas is the stream's replication on a single node; a cluster
+// runs MaxReplicas at most (3, R3, is usual).
+const (
+	DefaultReplicas = 1
+	MaxReplicas     = 5
+)
+
 // Subject returns the subject an event of eventType is published on.
 func Subject(eventType string) string { return subjectPrefix + eventType }
 
@@ -55,7 +62,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstrea
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
 		Duplicates:  window,
-		Replicas:    max(set.Replicas, 1),
+		Replicas:    max(set.Replicas, DefaultReplicas),
 		// The relay publishes each claim as one atomic batch: stored all
 		// or not at all, and synced to disk once (see package outbox).
 		AllowAtomicPublish: true,

@@ -21,6 +21,7 @@ import (
 	"github.com/acme/orders/outbox"
 	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/query"
+	"github.com/acme/orders/stream"
 )
 
 const apiUsage = `usage:
@@ -82,11 +83,11 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		keyTTL = env.Duration(fs, "idempotency-ttl", "IDEMPOTENCY_TTL", command.DefaultKeyTTL, "how long an Idempotency-Key is remembered after its first use")
 		keyQuota = env.Int(fs, "idempotency-key-quota", "IDEMPOTENCY_KEY_QUOTA", command.DefaultKeyQuota, "most Idempotency-Keys one tenant may have stored; past it new keys get 429")
 		keyQuotaRefresh = env.Duration(fs, "idempotency-key-quota-refresh", "IDEMPOTENCY_KEY_QUOTA_REFRESH", command.DefaultKeyQuotaRefresh, "how often each api recounts a tenant's stored keys")
-		keyWait = env.Duration(fs, "idempotency-wait", "IDEMPOTENCY_WAIT", 5*time.Second, "how long a request waits for an in-flight request with its key")
-		janitorEvery = env.Duration(fs, "idempotency-janitor-interval", "IDEMPOTENCY_JANITOR_INTERVAL", time.Minute, "how often expired keys are deleted")
+		keyWait = env.Duration(fs, "idempotency-wait", "IDEMPOTENCY_WAIT", httpapi.DefaultKeyWait, "how long a request waits for an in-flight request with its key")
+		janitorEvery = env.Duration(fs, "idempotency-janitor-interval", "IDEMPOTENCY_JANITOR_INTERVAL", DefaultJanitorInterval, "how often expired keys are deleted")
 		healthInterval = env.Duration(fs, "health-interval", "HEALTH_INTERVAL", health.DefaultInterval, "how often the readiness checks behind /readyz run")
-		replicas = env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream (3 on a cluster)")
-		poolSize = env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 20, "most PostgreSQL connections of this process")
+		replicas = env.Int(fs, "stream-replicas", "STREAM_REPLICAS", stream.DefaultReplicas, "replicas of the JetStream stream (3 on a cluster)")
+		poolSize = env.Int(fs, "db-pool-size", "DB_POOL_SIZE", DefaultAPIPoolSize, "most PostgreSQL connections of this process")
 		maxInFlight = env.Int(fs, "max-in-flight", "MAX_IN_FLIGHT", httpapi.DefaultMaxInFlight, "most /v1 requests served at once; the rest get 429 with Retry-After")
 		tenantInFlight = env.Int(fs, "tenant-max-in-flight", "TENANT_MAX_IN_FLIGHT", httpapi.DefaultTenantMaxInFlight, "most /v1 requests of one tenant served at once; its excess gets 429 tenant-overloaded")
 		tenantWaiting = env.Int(fs, "tenant-max-waiting", "TENANT_MAX_WAITING", httpapi.DefaultTenantMaxWaiting, "most reads with min_version or min_position of one tenant in flight at once (at most -tenant-max-in-flight)")
@@ -95,9 +96,9 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		bodyTimeout = env.Duration(fs, "body-timeout", "BODY_TIMEOUT", httpapi.DefaultBodyTimeout, "how long a request body may take to arrive; slower ones get 408")
 		tokenCacheTTL = env.Duration(fs, "token-cache-ttl", "TOKEN_CACHE_TTL", auth.DefaultCacheTTL, "how long a token's tenant is cached: a token revoked elsewhere works here at most this long")
 		acceptLegacy = env.Bool(fs, "accept-legacy-tokens", "ACCEPT_LEGACY_TOKENS", false, "accept tokens made before tokens had a checksum (each forged one then costs a database query)")
-		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", 16, "most outbox partitions (of 16) this relay publishes")
-		relayWorkers = env.Int(fs, "relay-workers", "RELAY_WORKERS", 2, "relay workers in this process (each owns a share of its partitions)")
-		relayBatch = env.Int(fs, "relay-batch", "RELAY_BATCH", 500, "outbox rows per relay batch (1 to 1000, one JetStream atomic batch)")
+		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", outbox.DefaultMaxPartitions, fmt.Sprintf("most outbox partitions (of %d) this relay publishes", outbox.Partitions))
+		relayWorkers = env.Int(fs, "relay-workers", "RELAY_WORKERS", outbox.DefaultWorkers, "relay workers in this process (each owns a share of its partitions)")
+		relayBatch = env.Int(fs, "relay-batch", "RELAY_BATCH", outbox.DefaultBatchSize, fmt.Sprintf("outbox rows per relay batch (1 to %d, one JetStream atomic batch)", outbox.MaxBatchSize))
 		relayRetention = env.Duration(fs, "relay-retention", "RELAY_RETENTION", 0, "prune published outbox rows after this long (0: keep; rebuilds need them)")
 	case "token create":
 		tenant = fs.String("tenant", "", "tenant the new client acts for (a-z, 0-9, -, _)")
@@ -136,8 +137,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
 		case c.keyWait < 0:
 			return c, fmt.Errorf("-idempotency-wait must not be negative, got %s", c.keyWait)
-		case c.replicas < 1 || c.replicas > 5:
-			return c, fmt.Errorf("-stream-replicas must be 1 to 5, got %d", c.replicas)
+		case c.replicas < 1 || c.replicas > stream.MaxReplicas:
+			return c, fmt.Errorf("-stream-replicas must be 1 to %d, got %d", stream.MaxReplicas, c.replicas)
 		case c.poolSize < 4:
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
 		case c.maxInFlight < 1:
@@ -156,8 +157,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-relay-partitions must be 1 to %d, got %d", outbox.Partitions, c.relayPartitions)
 		case c.relayWorkers < 1 || c.relayWorkers > c.relayPartitions:
 			return c, fmt.Errorf("-relay-workers must be 1 to -relay-partitions (%d), got %d", c.relayPartitions, c.relayWorkers)
-		case c.relayBatch < 1 || c.relayBatch > 1000:
-			return c, fmt.Errorf("-relay-batch must be 1 to 1000, got %d", c.relayBatch)
+		case c.relayBatch < 1 || c.relayBatch > outbox.MaxBatchSize:
+			return c, fmt.Errorf("-relay-batch must be 1 to %d, got %d", outbox.MaxBatchSize, c.relayBatch)
 		case c.relayRetention < 0:
 			return c, fmt.Errorf("-relay-retention must not be negative, got %s", c.relayRetention)
 		}
@@ -214,7 +215,7 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeDB(pool, logger)
 	switch sub {
 	case "migrate":
 		logger.Info("migrations applied")
@@ -266,8 +267,11 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	var wg sync.WaitGroup
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
+		start := time.Now()
 		stopBackground()
 		wg.Wait()
+		logger.Info("shutdown: background work stopped (relay batches committed and marked, partitions released, listeners closed)",
+			"duration", time.Since(start))
 	}()
 
 	janitor := &keyJanitor{keys: idem, every: cfg.janitorEvery, logger: logger.With("component", "janitor")}
@@ -279,23 +283,18 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		if err != nil {
 			return fmt.Errorf("jetstream: %w", err)
 		}
-		// Several relay workers, each owning its share of the partitions on
-		// its own connection, so that one claims and marks in the database
-		// while another waits for PubAcks.
-		var relays []*outbox.Relay
-		share := (cfg.relayPartitions + cfg.relayWorkers - 1) / cfg.relayWorkers
-		for i := range cfg.relayWorkers {
-			relays = append(relays, outbox.NewRelay(pool, js, logger.With("component", "relay", "worker", i), outbox.Config{
-				StreamReplicas: cfg.replicas, MaxPartitions: share, Retention: cfg.relayRetention, BatchSize: cfg.relayBatch,
-			}))
+		// One relay with several workers, each owning its share of the
+		// partitions on its own connection, so that one claims and marks in
+		// the database while another waits for PubAcks.
+		relay, err := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{
+			StreamReplicas: cfg.replicas, MaxPartitions: cfg.relayPartitions, Workers: cfg.relayWorkers,
+			Retention: cfg.relayRetention, BatchSize: cfg.relayBatch,
+		})
+		if err != nil {
+			return err
 		}
 		sum := func(f func(outbox.Stats) int64) func() int64 {
-			return func() (n int64) {
-				for _, r := range relays {
-					n += f(r.Stats())
-				}
-				return n
-			}
+			return func() int64 { return f(relay.Stats()) }
 		}
 		ms = append(ms,
 			counter("relay_published_total", "outbox events published by this process's relay", sum(func(s outbox.Stats) int64 { return s.Published })),
@@ -305,9 +304,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 			counter("relay_pruned_total", "published outbox rows pruned after the retention", sum(func(s outbox.Stats) int64 { return s.Pruned })),
 			metrics.Metric{Name: "relay_partitions_owned", Help: "outbox partitions this process's relay publishes",
 				Read: metrics.One(sum(func(s outbox.Stats) int64 { return s.Partitions }))})
-		for _, r := range relays {
-			wg.Go(func() { r.Run(bgCtx) })
-		}
+		wg.Go(func() { relay.Run(bgCtx) })
 	}
 
 	// Read-your-writes: the projector NOTIFYs when it applied something.
@@ -364,7 +361,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	})
 	// Serve returns once in-flight requests are done; the deferred stop of
 	// the background work and the connections runs after that.
-	return Serve(ctx, cfg.httpAddr, handler, logger, 10*time.Second)
+	return Serve(ctx, cfg.httpAddr, handler, logger, APIShutdownTimeout)
 }
 
 func pingPool(pool *pgxpool.Pool) health.Check {

@@ -28,6 +28,16 @@ import (
 const (
 	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:54329/orders?sslmode=disable"
 	DefaultNATSURL     = "nats://127.0.0.1:14222"
+	// DefaultAPIPoolSize and DefaultProjectorPoolSize are the default
+	// -db-pool-size of each process.
+	DefaultAPIPoolSize       = 20
+	DefaultProjectorPoolSize = 10
+	// DefaultJanitorInterval is how often the api deletes expired keys.
+	DefaultJanitorInterval = time.Minute
+	// APIShutdownTimeout and ProjectorShutdownTimeout bound how long each
+	// process's HTTP server waits for in-flight requests when it stops.
+	APIShutdownTimeout       = 10 * time.Second
+	ProjectorShutdownTimeout = 5 * time.Second
 )
 
 // Env reads settings: each flag's default is the environment variable's
@@ -144,6 +154,10 @@ func ConnectNATS(url, name string, logger *slog.Logger) (*nats.Conn, error) {
 // CloseNATS flushes what nc has sent (acks above all) to the server, then
 // closes it.
 func CloseNATS(nc *nats.Conn, logger *slog.Logger) {
+	start := time.Now()
+	defer func() {
+		logger.Info("shutdown: NATS connection closed (pending publishes and acks flushed)", "duration", time.Since(start))
+	}()
 	if nc.IsConnected() {
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
 			logger.Warn("flush nats before close", "err", err)
@@ -187,6 +201,8 @@ func Serve(ctx context.Context, addr string, h http.Handler, logger *slog.Logger
 		return err
 	case <-ctx.Done():
 	}
+	logger.Info("shutdown: stop taking work (no new connections or requests)", "addr", ln.Addr().String())
+	stopping := time.Now()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
@@ -194,7 +210,16 @@ func Serve(ctx context.Context, addr string, h http.Handler, logger *slog.Logger
 		logger.Warn("requests still running after the grace period; closing their connections", "grace", grace)
 		return srv.Close()
 	}
+	logger.Info("shutdown: in-flight requests finished", "duration", time.Since(stopping))
 	return nil
+}
+
+// closeDB closes pool, waiting for its connections to be returned, and logs
+// how long that took.
+func closeDB(pool *pgxpool.Pool, logger *slog.Logger) {
+	start := time.Now()
+	pool.Close()
+	logger.Info("shutdown: database connections closed", "duration", time.Since(start))
 }
 
 // openDB opens the pool for a process: serving waits for the database as

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/acme/orders/health"
 	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/projection"
+	"github.com/acme/orders/stream"
 )
 
 const projectorUsage = `usage:
@@ -98,8 +100,8 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		fmt.Sprintf("each consumer's in-flight window (0: %d × batch size × workers)", projection.DefaultAckPendingBatches))
 	tenantShare := env.Int(fs, "tenant-share-percent", "PROJECTOR_TENANT_SHARE_PERCENT", int(projection.DefaultTenantShare*100),
 		"most of the in-flight window one tenant's delayed events may hold in this process, in percent (per process: divide the intended share by the number of projector processes); the excess is parked and re-driven")
-	replicas := env.Int(fs, "stream-replicas", "STREAM_REPLICAS", 1, "replicas of the JetStream stream and consumers (3 on a cluster)")
-	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", 10, "most PostgreSQL connections of this process")
+	replicas := env.Int(fs, "stream-replicas", "STREAM_REPLICAS", stream.DefaultReplicas, "replicas of the JetStream stream and consumers (3 on a cluster)")
+	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", DefaultProjectorPoolSize, "most PostgreSQL connections of this process")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	all := fs.Bool("all", false, "dead-letters list: also the resolved ones")
@@ -119,8 +121,8 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	switch {
 	case *batchSize < 1 || *batchSize > 1000:
 		return fmt.Errorf("-batch-size must be 1 to 1000, got %d", *batchSize)
-	case *replicas < 1 || *replicas > 5:
-		return fmt.Errorf("-stream-replicas must be 1 to 5, got %d", *replicas)
+	case *replicas < 1 || *replicas > stream.MaxReplicas:
+		return fmt.Errorf("-stream-replicas must be 1 to %d, got %d", stream.MaxReplicas, *replicas)
 	case *poolSize < 4:
 		return fmt.Errorf("-db-pool-size must be at least 4, got %d", *poolSize)
 	case *workers < 1 || *workers > 16:
@@ -153,7 +155,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeDB(pool, logger)
 	runnerOf := func(js jetstream.JetStream, name string) (*projection.Runner, error) {
 		for _, p := range projections() {
 			if p.Name() == name {
@@ -260,8 +262,14 @@ func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool
 	mux := chi.NewRouter()
 	health.Register(mux, monitor)
 	mux.Get("/metrics", metrics.Handler(projectorMetrics(ctx, runners, pruner, pool, logger)))
-	g.Go(func() error { return Serve(gctx, cfg.httpAddr, mux, logger, 5*time.Second) })
-	return g.Wait() // the deferred CloseNATS flushes the last acks
+	g.Go(func() error { return Serve(gctx, cfg.httpAddr, mux, logger, ProjectorShutdownTimeout) })
+	var stopping atomic.Int64 // when gctx ended (unix ns)
+	stop := context.AfterFunc(gctx, func() { stopping.Store(time.Now().UnixNano()) })
+	defer stop()
+	err = g.Wait()
+	logger.Info("shutdown: projections stopped (batches in hand committed; their acks go out with the NATS flush)",
+		"duration", time.Since(time.Unix(0, stopping.Load())), "err", err)
+	return err // the deferred CloseNATS flushes the last acks
 }
 
 // projectorMetrics are the counters of this process's runners and the lag

@@ -26,9 +26,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
-	"github.com/acme/orders/command"
 	"github.com/acme/orders/outbox"
-	"github.com/acme/orders/projection"
 	"github.com/acme/orders/stream"
 )
 
@@ -157,7 +155,7 @@ func (r *runner) load(ctx context.Context) error {
 	cfg := r.cfg
 	var maxCreate float64
 	for _, c := range cfg.Clients {
-		ceiling, err := r.pgbench(ctx, "create", command.CreateOrderBenchScript(), c)
+		ceiling, err := r.pgbench(ctx, "create", createOrderScript(), c)
 		if err != nil {
 			return err
 		}
@@ -438,13 +436,13 @@ func (r *runner) drain(ctx context.Context) error {
 
 	// Relay ceiling: its batch's database work, on this backlog (vacuumed
 	// and analysed, as for the relay below); then put the backlog back.
-	const relayBatch, relayWorkers = 500, 2 // the api's defaults
+	const relayBatch, relayWorkers = outbox.DefaultBatchSize, outbox.DefaultWorkers // the api's defaults
 	if _, err := conn.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
 		return err
 	}
 	// As many batches as each client's share of the backlog holds, so that
 	// none of them finds it empty.
-	tps, err := r.pgbenchRun(ctx, "relay", outbox.PublishBenchScript(relayBatch, relayWorkers), relayWorkers,
+	tps, err := r.pgbenchRun(ctx, "relay", publishScript(relayBatch, relayWorkers), relayWorkers,
 		"-t", fmt.Sprint(n/relayBatch/relayWorkers*9/10))
 	if err != nil {
 		return err
@@ -492,7 +490,7 @@ func (r *runner) drain(ctx context.Context) error {
 	// Projector ceilings, then the drain of every projection at once.
 	ceilings := map[string]float64{}
 	for _, name := range []string{"order_views", "customer_summaries", "daily_sales"} {
-		script, err := projection.ApplyBenchScript(name, 100)
+		script, err := applyScript(name, 100)
 		if err != nil {
 			return err
 		}

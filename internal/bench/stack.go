@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,10 +61,10 @@ func (s *stack) up(ctx context.Context) error {
 	if err := s.startProjector(); err != nil {
 		return err
 	}
-	if err := waitReady(ctx, s.apiPort); err != nil {
+	if err := harness.WaitReady(ctx, s.apiPort, 60*time.Second, "api"); err != nil {
 		return err
 	}
-	if err := waitReady(ctx, s.projPort); err != nil {
+	if err := harness.WaitReady(ctx, s.projPort, 60*time.Second, "projector"); err != nil {
 		return err
 	}
 	out, err := exec.CommandContext(ctx, filepath.Join(s.dir, "bin", "api"), "token", "create", "-tenant", "bench", "-database-url", s.databaseURL).Output()
@@ -136,27 +135,6 @@ func peakRSS(cmd *exec.Cmd) float64 {
 		}
 	}
 	return 0
-}
-
-func waitReady(ctx context.Context, port int) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		res, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("port %d not ready within 60s", port)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 func (s *stack) down() {

@@ -3,10 +3,8 @@ package faults
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -267,26 +265,7 @@ func (s *stack) restartDead() error {
 }
 
 func (s *stack) waitReady(ctx context.Context, p *proc, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", p.port)
-	for {
-		res, err := http.Get(url)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, res.Body)
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready within %s (see %s)", p.name, within, filepath.Join(s.dir, p.name+".log"))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return harness.WaitReady(ctx, p.port, within, fmt.Sprintf("%s (see %s)", p.name, filepath.Join(s.dir, p.name+".log")))
 }
 
 // down stops everything the stack started.

@@ -7,11 +7,14 @@ package harness
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
@@ -49,4 +52,30 @@ func BuildServices(ctx context.Context, root, binDir, logFile string) error {
 		}
 	}
 	return nil
+}
+
+// WaitReady polls http://127.0.0.1:port/readyz every 200 ms until it answers
+// 200, ctx ends (ctx.Err()) or within passes (an error naming what, which
+// should say where to look).
+func WaitReady(ctx context.Context, port int, within time.Duration, what string) error {
+	deadline := time.Now().Add(within)
+	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
+	for {
+		res, err := http.Get(url)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready within %s", what, within)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

@@ -1,0 +1,44 @@
+package outbox
+
+// The relay's SQL, in one place: the relay runs these statements, and
+// internal/bench renders the claim and the mark into the pgbench script that
+// measures the database ceiling of a relay batch, so the two cannot drift.
+const (
+	// PartitionsTakeSQL takes up to $4 of the partitions 0…$1-1 not in $2
+	// whose advisory lock ($3, partition) is free.
+	PartitionsTakeSQL = `
+SELECT p::smallint FROM generate_series(0, $1 - 1) AS p
+WHERE NOT p = ANY($2::int[]) AND pg_try_advisory_lock($3, p)
+LIMIT $4`
+
+	// OutboxClaimSQL claims the $1 oldest unpublished rows of the
+	// partitions $2, in seq order.
+	OutboxClaimSQL = `
+SELECT id, event_type, payload
+FROM outbox
+WHERE published_at IS NULL AND partition = ANY($2)
+ORDER BY seq
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
+
+	// OutboxMarkPublishedSQL marks the rows $1 published.
+	OutboxMarkPublishedSQL = `UPDATE outbox SET published_at = now() WHERE id = ANY($1)`
+
+	// LeaseSettingsSQL sets up the relay's own connection (see lease).
+	LeaseSettingsSQL = `SET enable_bitmapscan = off; SET synchronous_commit = off`
+
+	// OutboxPruneSQL deletes up to 1,000 rows published more than $1
+	// seconds ago.
+	OutboxPruneSQL = `
+DELETE FROM outbox WHERE id IN (
+    SELECT id FROM outbox
+    WHERE published_at < now() - make_interval(secs => $1)
+    ORDER BY published_at
+    LIMIT 1000
+    FOR UPDATE SKIP LOCKED)`
+
+	// OutboxBacklogSQL reads how many rows wait and how old the oldest is.
+	OutboxBacklogSQL = `
+SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM outbox WHERE published_at IS NULL`
+)

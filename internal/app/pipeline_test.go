@@ -138,9 +138,14 @@ func TestScaledOutPipelineConverges(t *testing.T) {
 		t.Errorf("the projectors applied %v events, want 3 projections × %d", applied, events)
 	}
 	t.Logf("%d events, applied %v times over 3 projections by 3 workers, %v duplicates skipped", events, applied, duplicates)
-	if n := countRows(t, env, `SELECT count(*) FROM dead_letters`); n != 0 {
+	// Under load a tenant's waiting events may pass its share of the
+	// consumer's window and be deferred (parked, then re-driven and
+	// applied, `retried`): bookkeeping, not failures. No CLI runs here, so
+	// any other row is a dead letter.
+	if n := countRows(t, env, `SELECT count(*) FROM dead_letters WHERE status <> 'retried'`); n != 0 {
 		t.Fatalf("%d dead letters", n)
 	}
+	t.Logf("%d events deferred past the tenant's share and re-driven", countRows(t, env, `SELECT count(*) FROM dead_letters`))
 }
 
 // A projection rebuilt while orders keep coming: afterwards it equals what

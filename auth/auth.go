@@ -66,8 +66,9 @@ const (
 	// before Authenticate gives up with ErrBusy: look-ups never queue
 	// without bound.
 	DefaultLookupWait = 50 * time.Millisecond
-	// refreshTimeout bounds one background re-read of a known token.
-	refreshTimeout = 5 * time.Second
+	// lookupTimeout bounds a shared look-up (several callers may wait for
+	// it, so no one caller's cancellation ends it) and a background re-read.
+	lookupTimeout = 5 * time.Second
 )
 
 // Config tunes a Clients. Zero fields take the defaults.
@@ -161,6 +162,9 @@ type Clients struct {
 	mu       sync.Mutex
 	positive map[[32]byte]*cached
 	negative map[[32]byte]time.Time
+	// flights are the look-ups under way, by token: concurrent uses of one
+	// token share one look-up (and one slot).
+	flights map[[32]byte]*flight
 	// gen counts revocations: a look-up caches what it read only if no
 	// revocation committed while it ran, since it may have read the row
 	// before the revocation did.
@@ -171,6 +175,14 @@ type Clients struct {
 	wg     sync.WaitGroup // background re-reads
 
 	nLookups, nNegativeHits, nBusy, nStaleHits, nRefreshes atomic.Int64
+}
+
+// flight is one look-up that several callers wait for; tenant and err are
+// set before done is closed.
+type flight struct {
+	done   chan struct{}
+	tenant string
+	err    error
 }
 
 type cached struct {
@@ -202,6 +214,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Clients, error) {
 		refreshes: make(chan struct{}, cfg.MaxLookups),
 		positive:  make(map[[32]byte]*cached),
 		negative:  make(map[[32]byte]time.Time),
+		flights:   make(map[[32]byte]*flight),
 		ctx:       ctx, cancel: cancel,
 	}, nil
 }
@@ -328,7 +341,8 @@ func (c *Clients) Revoke(ctx context.Context, sel Revocation) (int, error) {
 // token is answered from the cache: fresh for CacheTTL, then stale for up to
 // MaxStale while one background look-up re-reads it, so a known caller never
 // waits behind the look-ups of unknown tokens. Any other token waits at most
-// LookupWait for one of MaxLookups look-up slots, else ErrBusy.
+// LookupWait for one of MaxLookups look-up slots, else ErrBusy; concurrent
+// uses of one token share one look-up.
 //
 // The checksum only filters typos and random garbage: it is public (CRC32),
 // so anyone can mint well-formed tokens, each of which costs one look-up
@@ -366,21 +380,40 @@ func (c *Clients) Authenticate(ctx context.Context, token string) (string, error
 		}
 	}
 	refusedUntil, refused := c.negative[hash]
-	c.mu.Unlock()
 	if refused && now.Before(refusedUntil) {
+		c.mu.Unlock()
 		c.nNegativeHits.Add(1)
 		return "", ErrUnknownToken
 	}
-
-	if err := acquire(ctx, c.lookups, c.cfg.LookupWait); err != nil {
-		if errors.Is(err, ErrBusy) {
-			c.nBusy.Add(1)
+	if f, ok := c.flights[hash]; ok { // another use of this token is looking it up
+		c.mu.Unlock()
+		select {
+		case <-f.done:
+			return f.tenant, f.err
+		case <-ctx.Done():
+			return "", fmt.Errorf("wait for the look-up of api client: %w", ctx.Err())
 		}
-		return "", err
 	}
-	tenant, err := c.lookup(ctx, hash)
-	<-c.lookups
-	return tenant, err
+	f := &flight{done: make(chan struct{})}
+	c.flights[hash] = f
+	c.mu.Unlock()
+
+	// Shared: not ended by this caller's cancellation, bounded by lookupTimeout.
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+	defer cancel()
+	f.err = acquire(lctx, c.lookups, c.cfg.LookupWait)
+	if errors.Is(f.err, ErrBusy) {
+		c.nBusy.Add(1)
+	}
+	if f.err == nil {
+		f.tenant, f.err = c.lookup(lctx, hash)
+		<-c.lookups
+	}
+	c.mu.Lock()
+	delete(c.flights, hash)
+	c.mu.Unlock()
+	close(f.done)
+	return f.tenant, f.err
 }
 
 // acquire takes a slot of sem, waiting at most wait: ErrBusy past it, or
@@ -408,9 +441,9 @@ func acquire(ctx context.Context, sem chan struct{}, wait time.Duration) error {
 // fails.
 func (c *Clients) refresh(hash [32]byte) {
 	defer c.wg.Done()
-	ctx, cancel := context.WithTimeout(c.ctx, refreshTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, lookupTimeout)
 	defer cancel()
-	err := acquire(ctx, c.refreshes, refreshTimeout)
+	err := acquire(ctx, c.refreshes, lookupTimeout)
 	if err == nil {
 		_, err = c.lookup(ctx, hash)
 		<-c.refreshes

@@ -189,3 +189,50 @@ func TestKnownTokenDoesNotWaitBehindLookups(t *testing.T) {
 		return err == nil && after.Lookups == before.Lookups && after.StaleHits == before.StaleHits
 	})
 }
+
+// Concurrent first uses of one token (a client's burst when the process
+// starts, or with the cache off) share one look-up: they neither take a slot
+// each nor get ErrBusy while it runs.
+func TestConcurrentUsesOfOneTokenShareALookup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g := newLookupGate()
+	c, err := auth.New(gatedDB(t, g), auth.Config{CacheTTL: -1, MaxLookups: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	tok, err := c.CreateToken(ctx, "acme", "burst")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.armed.Store(true)
+	const n = 20
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	use := func() {
+		tenant, err := c.Authenticate(ctx, tok)
+		if err == nil && tenant != "acme" {
+			err = errors.New("tenant " + tenant)
+		}
+		errs <- err
+	}
+	wg.Go(use)
+	g.waitEntered(t, 1) // the first look-up holds the only slot
+	for range n - 1 {
+		wg.Go(use)
+	}
+	time.Sleep(4 * auth.DefaultLookupWait) // longer than any of them would wait for a slot
+	g.armed.Store(false)
+	g.open()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("a use of the token during its look-up: %v", err)
+		}
+	}
+	if l := c.Stats().Lookups; l != 1 {
+		t.Fatalf("%d look-ups for %d concurrent uses of one token, want 1", l, n)
+	}
+}

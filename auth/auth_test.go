@@ -206,6 +206,8 @@ func TestConfigIsValidated(t *testing.T) {
 		{NegativeTTL: -time.Second},
 		{MaxLookups: -1},
 		{PositiveCacheSize: -1},
+		{MaxStale: -time.Second},
+		{LookupWait: -time.Millisecond},
 	} {
 		if _, err := auth.New(nil, cfg); err == nil {
 			t.Errorf("New(%+v): no error", cfg)

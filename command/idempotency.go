@@ -199,7 +199,8 @@ func NewIdempotency(db postgres.DB, cfg IdempotencyConfig) (*Idempotency, error)
 // result, or executes if it rolled back), and returns ErrInFlight after that.
 // It returns a *MismatchError if the key was used with another request, and
 // a *KeyQuotaError (ErrKeyQuotaExceeded) if it would store a new key for a
-// tenant at its quota.
+// tenant at its quota; at the quota a key still in flight is waited for
+// like any duplicate, then replayed.
 func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Duration, exec Executor) (Result, error) {
 	canonical, err := canonicalJSON(req.Command)
 	if err != nil {
@@ -210,6 +211,11 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 	reserved, err := s.quota.reserve(ctx, req.TenantID)
 	if err != nil {
 		return Result{}, err
+	}
+	// Deferred, so that a panicking executor gives its reservation back too.
+	keyStored := false
+	if reserved {
+		defer func() { s.quota.end(req.TenantID, keyStored) }()
 	}
 
 	var res Result
@@ -225,10 +231,15 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 				if err != nil {
 					return err
 				}
-				if !found || k.expired {
+				if found && !k.expired {
+					return s.replay(k, fp, canonical, &res, &outcome)
+				}
+				if found {
 					return &KeyQuotaError{Quota: int(s.quota.limit), RetryAfter: s.quota.retryAfter()}
 				}
-				return s.replay(k, fp, canonical, &res, &outcome)
+				// Not committed: it may be in flight. The claim below waits
+				// for it like any duplicate; if it claims, the key is new
+				// and is refused (the rollback stores nothing).
 			}
 			claimed, expiresAt, waited, err := s.claim(ctx, tx, req, fp, canonical, wait)
 			if waited {
@@ -240,6 +251,8 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 				return ErrInFlight
 			case err != nil:
 				return fmt.Errorf("claim idempotency key: %w", err)
+			case claimed && !reserved:
+				return &KeyQuotaError{Quota: int(s.quota.limit), RetryAfter: s.quota.retryAfter()}
 			case claimed:
 				resp, err := exec(ctx, tx)
 				if err != nil {
@@ -283,9 +296,7 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 	if errors.Is(err, errUnstored) {
 		err = nil
 	}
-	if reserved {
-		s.quota.end(req.TenantID, outcome&outcomeCreated != 0 && err == nil)
-	}
+	keyStored = outcome&outcomeCreated != 0 && err == nil
 	s.count(outcome, err)
 	if err != nil {
 		return Result{}, err

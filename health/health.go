@@ -38,6 +38,11 @@ type Config struct {
 	Interval time.Duration
 	// Timeout bounds each check's run; default DefaultTimeout.
 	Timeout time.Duration
+	// MaxAge is how old the last round may be before /readyz answers 503
+	// "stale" instead (a check that hangs, ignoring its Timeout, stops the
+	// rounds). It must exceed Interval + Timeout, the age a healthy monitor
+	// reaches; default 3 × Interval + Timeout.
+	MaxAge time.Duration
 }
 
 // Monitor runs readiness checks in the background and holds their last
@@ -49,6 +54,7 @@ type Monitor struct {
 	logger *slog.Logger
 
 	state atomic.Pointer[state]
+	stale *state            // answered when state is older than MaxAge
 	last  map[string]string // each check's last error text ("" when up); Run's own
 }
 
@@ -56,6 +62,7 @@ type Monitor struct {
 type state struct {
 	status int
 	body   []byte
+	at     time.Time // when it was rendered
 }
 
 // NewMonitor returns a Monitor of checks, which logs with logger. It
@@ -67,11 +74,16 @@ func NewMonitor(checks map[string]Check, logger *slog.Logger, cfg Config) (*Moni
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
 	}
+	if cfg.MaxAge == 0 {
+		cfg.MaxAge = 3*cfg.Interval + cfg.Timeout
+	}
 	switch {
 	case cfg.Interval < 10*time.Millisecond:
 		return nil, fmt.Errorf("health config: Interval must be at least 10ms, got %s", cfg.Interval)
 	case cfg.Timeout < time.Millisecond:
 		return nil, fmt.Errorf("health config: Timeout must be at least 1ms, got %s", cfg.Timeout)
+	case cfg.MaxAge <= cfg.Interval+cfg.Timeout:
+		return nil, fmt.Errorf("health config: MaxAge must exceed Interval + Timeout (%s), got %s", cfg.Interval+cfg.Timeout, cfg.MaxAge)
 	case logger == nil:
 		return nil, fmt.Errorf("health: a logger is required")
 	}
@@ -81,6 +93,11 @@ func NewMonitor(checks map[string]Check, logger *slog.Logger, cfg Config) (*Moni
 		results[name] = false
 	}
 	m.state.Store(render(results, "starting"))
+	unknown := map[string]string{}
+	for name := range checks {
+		unknown[name] = "unknown"
+	}
+	m.stale = renderChecks(unknown, "stale")
 	return m, nil
 }
 
@@ -152,6 +169,10 @@ func render(results map[string]bool, word string) *state {
 			checks[name] = "ok"
 		}
 	}
+	return renderChecks(checks, word)
+}
+
+func renderChecks(checks map[string]string, word string) *state {
 	status := http.StatusOK
 	if word != "ok" {
 		status = http.StatusServiceUnavailable
@@ -160,14 +181,15 @@ func render(results map[string]bool, word string) *state {
 	if err != nil { // cannot happen: strings only
 		panic(err)
 	}
-	return &state{status: status, body: append(b, '\n')}
+	return &state{status: status, body: append(b, '\n'), at: time.Now()}
 }
 
 // Register adds GET /healthz (the process is alive: always 200) and GET
 // /readyz (200 if every check of m passed in its last round, else 503; the
 // body names each check with "ok" or "down", nothing more) to mux. /readyz
-// runs no check: it answers from m's last round. A nil m has no checks and is
-// always ready.
+// runs no check: it answers from m's last round, or, when that round is
+// older than MaxAge (the checks hang), 503 with status "stale" and each
+// check "unknown". A nil m has no checks and is always ready.
 func Register(mux interface {
 	Get(pattern string, h http.HandlerFunc)
 }, m *Monitor) {
@@ -179,6 +201,9 @@ func Register(mux interface {
 		st := ready
 		if m != nil {
 			st = m.state.Load()
+			if time.Since(st.at) > m.cfg.MaxAge {
+				st = m.stale
+			}
 		}
 		write(w, st.status, st.body)
 	})

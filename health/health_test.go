@@ -140,7 +140,10 @@ func TestMonitorRefreshesInTheBackground(t *testing.T) {
 func TestMonitorConfigIsValidated(t *testing.T) {
 	t.Parallel()
 	logger := slog.New(slog.DiscardHandler)
-	for _, cfg := range []health.Config{{Interval: time.Millisecond}, {Timeout: -time.Second}} {
+	for _, cfg := range []health.Config{
+		{Interval: time.Millisecond}, {Timeout: -time.Second},
+		{Interval: time.Second, Timeout: time.Second, MaxAge: 2 * time.Second}, // a healthy monitor would flap
+	} {
 		if _, err := health.NewMonitor(nil, logger, cfg); err == nil {
 			t.Errorf("NewMonitor(%+v) accepted an invalid config", cfg)
 		}

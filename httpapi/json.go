@@ -20,6 +20,12 @@ import (
 // maxBodyBytes bounds every request body.
 const maxBodyBytes = 1 << 20
 
+// tooLarge is the problem of a body longer than maxBodyBytes.
+func tooLarge() *Problem {
+	return problem(http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
+		fmt.Sprintf("The body must be at most %d bytes.", maxBodyBytes))
+}
+
 var errTrailingData = errors.New("trailing data after the JSON object")
 
 // decodeJSON reads the request body into v: one JSON object of known fields,
@@ -61,8 +67,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	}
 	switch {
 	case errors.As(err, &tooBig):
-		return problem(http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
-			fmt.Sprintf("The body must be at most %d bytes.", maxBodyBytes))
+		return tooLarge()
 	case errors.Is(err, io.EOF):
 		return bad("The body is empty; send a JSON object.")
 	case errors.Is(err, io.ErrUnexpectedEOF):

@@ -15,11 +15,17 @@ import (
 const DefaultBodyTimeout = 5 * time.Second
 
 // readBody reads a request's whole body (up to one byte past
-// maxBodyBytes, so the decoder still answers 413) before the handler runs,
-// under a read deadline of BodyTimeout. A body that does not arrive in time
-// gets 408 problem+json and the connection is closed; one that cannot be
-// read gets 400. Without the deadline a trickling body (a byte every few
-// seconds) would hold its goroutine and its slots until the server's whole
+// maxBodyBytes) before the handler runs, under a read deadline of
+// BodyTimeout. A body that does not arrive in time gets 408 problem+json and
+// the connection is closed; one that cannot be read gets 400 and is closed
+// too. A body longer than maxBodyBytes gets 413 here, with Connection: close
+// and the deadline left in place: net/http would otherwise discard the unread
+// rest before it answers (up to 256 KiB, or a whole chunked body, with no
+// deadline once we had cleared it), so a client that sent one byte too many
+// and went silent held a goroutine and a socket forever. Only a body read to
+// its end within the limit clears the deadline, so the handler may take its
+// time. Without the deadline a trickling body (a byte every few seconds)
+// would hold its goroutine and its slots until the server's whole
 // ReadTimeout.
 func (s *Server) readBody(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -36,13 +42,6 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 			// A writer without deadlines (a test recorder): no bytes arrive late.
 		}
 		b, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
-		if err == nil {
-			// The body is in; the rest of the request may take its time.
-			err = rc.SetReadDeadline(time.Time{})
-			if errors.Is(err, http.ErrNotSupported) {
-				err = nil
-			}
-		}
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			p := problem(http.StatusRequestTimeout, "body-timeout", "Request body too slow",
@@ -51,8 +50,25 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 			writeProblem(w, r, s.Logger, p, nil)
 			return
 		case err != nil:
-			writeProblem(w, r, s.Logger, problem(http.StatusBadRequest, "unreadable-body", "Unreadable body",
-				"The request body could not be read: "+err.Error()+"."), nil)
+			// Where the body ends on the wire is unknown: close.
+			p := problem(http.StatusBadRequest, "unreadable-body", "Unreadable body",
+				"The request body could not be read: "+err.Error()+".")
+			p.header = http.Header{"Connection": {"close"}}
+			writeProblem(w, r, s.Logger, p, nil)
+			return
+		case len(b) > maxBodyBytes:
+			// The rest is not read: close the connection rather than
+			// drain it, and keep the deadline, which bounds the drain
+			// net/http still attempts when it closes the body.
+			p := tooLarge()
+			p.header = http.Header{"Connection": {"close"}}
+			writeProblem(w, r, s.Logger, p, nil)
+			return
+		}
+		// The body is in, to its end; the rest of the request may take
+		// its time.
+		if err := rc.SetReadDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			writeProblem(w, r, s.Logger, problemFor(err), err)
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(b))

@@ -32,7 +32,8 @@ type Idempotency interface {
 }
 
 // Authenticator maps a bearer token to its tenant; *auth.Clients is one. It
-// returns auth.ErrUnknownToken for a token it does not know.
+// returns auth.ErrUnknownToken for a token it does not know (401) and
+// auth.ErrBusy when it cannot check one now (503 auth-busy).
 type Authenticator interface {
 	Authenticate(ctx context.Context, token string) (tenant string, err error)
 }
@@ -177,6 +178,16 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		if errors.Is(err, auth.ErrUnknownToken) {
 			unauthorized("The bearer token is not known, or was revoked, or has expired. " + tokenHelp)
+			return
+		}
+		if errors.Is(err, auth.ErrBusy) {
+			// 503, not 401: the token may well be valid, and a client told
+			// 401 may drop it or page someone; it is the server that is
+			// busy (token look-ups flooded), and a retry soon succeeds.
+			p := problem(http.StatusServiceUnavailable, "auth-busy", "Authentication busy",
+				"The bearer token could not be checked now (token look-ups are busy); it was not refused. Retry after Retry-After seconds.")
+			p.header = http.Header{"Retry-After": {"1"}}
+			s.refuse(w, r, p)
 			return
 		}
 		if err != nil {

@@ -94,7 +94,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		tenantRate = env.Int(fs, "tenant-rate", "TENANT_RATE", int(httpapi.DefaultTenantRate), "requests per second of one tenant (token bucket); its excess gets 429 tenant-rate-limited")
 		tenantBurst = env.Int(fs, "tenant-burst", "TENANT_BURST", httpapi.DefaultTenantBurst, "token bucket size of -tenant-rate")
 		bodyTimeout = env.Duration(fs, "body-timeout", "BODY_TIMEOUT", httpapi.DefaultBodyTimeout, "how long a request body may take to arrive; slower ones get 408")
-		tokenCacheTTL = env.Duration(fs, "token-cache-ttl", "TOKEN_CACHE_TTL", auth.DefaultCacheTTL, "how long a token's tenant is cached: a token revoked elsewhere works here at most this long")
+		tokenCacheTTL = env.Duration(fs, "token-cache-ttl", "TOKEN_CACHE_TTL", auth.DefaultCacheTTL, "how long a token's tenant is cached fresh: a token revoked elsewhere works here this long plus one background re-read")
 		acceptLegacy = env.Bool(fs, "accept-legacy-tokens", "ACCEPT_LEGACY_TOKENS", false, "accept tokens made before tokens had a checksum (each forged one then costs a database query)")
 		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", outbox.DefaultMaxPartitions, fmt.Sprintf("most outbox partitions (of %d) this relay publishes", outbox.Partitions))
 		relayWorkers = env.Int(fs, "relay-workers", "RELAY_WORKERS", outbox.DefaultWorkers, "relay workers in this process (each owns a share of its partitions)")
@@ -326,10 +326,11 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	if err != nil {
 		return err
 	}
-	clients, err := auth.New(pool, auth.Config{CacheTTL: cfg.tokenCacheTTL, AcceptLegacy: cfg.acceptLegacyTokens})
+	clients, err := auth.New(pool, auth.Config{CacheTTL: cfg.tokenCacheTTL, AcceptLegacy: cfg.acceptLegacyTokens, Logger: logger.With("component", "auth")})
 	if err != nil {
 		return err
 	}
+	defer clients.Close() // its background re-reads, before the pool closes
 	ms = append(ms,
 		counter("http_requests_shed_total", "requests answered 429 because the api was serving its -max-in-flight limit", inFlight.Shed),
 		metrics.Metric{Name: "http_requests_in_flight", Help: "/v1 requests being served now", Read: metrics.One(inFlight.InFlight)},
@@ -337,7 +338,9 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		counter("http_tenant_overloaded_total", "requests answered 429 tenant-overloaded (a tenant at -tenant-max-in-flight or -tenant-max-waiting)", func() int64 { return tenants.Stats().Overloaded }),
 		metrics.Metric{Name: "http_tenants_tracked", Help: "tenants whose limits this process keeps in memory", Read: metrics.One(func() int64 { return int64(tenants.Stats().Tenants) })},
 		counter("auth_token_lookups_total", "bearer tokens looked up in the database (not cached)", func() int64 { return clients.Stats().Lookups }),
-		counter("auth_negative_cache_hits_total", "unknown bearer tokens refused from the negative cache", func() int64 { return clients.Stats().NegativeHits }))
+		counter("auth_negative_cache_hits_total", "unknown bearer tokens refused from the negative cache", func() int64 { return clients.Stats().NegativeHits }),
+		counter("auth_busy_total", "bearer tokens answered 503 auth-busy (every look-up slot busy)", func() int64 { return clients.Stats().Busy }),
+		counter("auth_stale_hits_total", "known bearer tokens served from the cache past -token-cache-ttl while being re-read", func() int64 { return clients.Stats().StaleHits }))
 	handler := httpapi.New(httpapi.Deps{
 		Logger:             logger,
 		Auth:               clients,

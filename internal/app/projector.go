@@ -338,7 +338,8 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner 
 
 // lagCache reads the Lag of every runner at most once per maxAge, so that
 // the lag gauges of one scrape share one reading instead of each reading
-// every projection again.
+// every projection again. The slice get returns is never written again:
+// callers read it without the lock.
 type lagCache struct {
 	ctx     context.Context
 	runners []*projection.Runner
@@ -356,7 +357,9 @@ func (c *lagCache) get() []projection.Lag {
 	if !c.at.IsZero() && time.Since(c.at) < c.maxAge {
 		return c.lags
 	}
-	c.lags = c.lags[:0]
+	// A new slice each time: an earlier scrape may still be reading the
+	// last one outside the lock.
+	lags := make([]projection.Lag, 0, len(c.runners))
 	for _, r := range c.runners {
 		ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
 		l, err := r.Lag(ctx)
@@ -365,10 +368,10 @@ func (c *lagCache) get() []projection.Lag {
 			c.logger.WarnContext(c.ctx, "read projection lag for /metrics", "projection", r.Name(), "err", err)
 			continue
 		}
-		c.lags = append(c.lags, l)
+		lags = append(lags, l)
 	}
-	c.at = time.Now()
-	return c.lags
+	c.lags, c.at = lags, time.Now()
+	return lags
 }
 
 // rateWindow turns a counter sampled at each scrape into a rate over about

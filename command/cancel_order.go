@@ -30,6 +30,18 @@ func NewCancelOrderHandler() CancelOrderHandler { return CancelOrderHandler{now:
 // order changes nothing; cancelling a shipped one is a KindConflict
 // *domain.Error.
 func (h CancelOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd CancelOrder) (domain.Order, error) {
+	o, _, err := h.handle(ctx, tx, cmd)
+	return o, err
+}
+
+// Run runs cmd under its Idempotency-Key with idem, in one transaction with
+// the key row, and returns the response render made of the outcome (or the
+// stored one, for a retry). See Idempotency.Do for the errors.
+func (h CancelOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderRequest[CancelOrder], render Render) (Result, error) {
+	return runKeyed(ctx, idem, h, req, render)
+}
+
+func (h CancelOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd CancelOrder) (domain.Order, bool, error) {
 	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
 		return o.Cancel(cmd.Reason, h.now())
 	})

@@ -109,21 +109,21 @@ func orderUpdate(ctx context.Context, tx pgx.Tx, o domain.Order) error {
 // changeOrder runs one lifecycle step on an order: it loads the order under
 // its row lock, lets change decide (a nil event means "nothing to do"), and
 // writes the new state and the event in tx. It returns the order as it is
-// afterwards, or change's error with nothing written.
-func changeOrder(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, change func(*domain.Order) (domain.Event, error)) (domain.Order, error) {
+// afterwards and whether it changed, or change's error with nothing written.
+func changeOrder(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, change func(*domain.Order) (domain.Event, error)) (domain.Order, bool, error) {
 	o, err := orderGetForUpdate(ctx, tx, tenantID, id)
 	if err != nil {
-		return domain.Order{}, err
+		return domain.Order{}, false, err
 	}
 	ev, err := change(&o)
 	if err != nil || ev == nil {
-		return o, err
+		return o, false, err
 	}
 	if err := orderUpdate(ctx, tx, o); err != nil {
-		return domain.Order{}, err
+		return domain.Order{}, false, err
 	}
 	if err := outboxAppend(ctx, tx, o, ev); err != nil {
-		return domain.Order{}, fmt.Errorf("%s: %w", ev.EventType(), err)
+		return domain.Order{}, false, fmt.Errorf("%s: %w", ev.EventType(), err)
 	}
-	return o, nil
+	return o, true, nil
 }

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"reflect"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
@@ -83,17 +81,26 @@ const (
 // already) and answers with the order and its ETag: status on success; a
 // stored problem for a refusal.
 func runOrderCommand[C any](s *Server, w http.ResponseWriter, r *http.Request, key, scope string, cmd C, h OrderCommand[C], status int) {
-	s.keyed(w, r, key, scope, cmd, func(ctx context.Context, tx pgx.Tx) (command.Response, error) {
-		o, err := h.Handle(ctx, tx, cmd)
-		if err != nil {
-			return refusal(r, err)
+	runOrderCommandFunc(s, w, r, key, scope, cmd, h, func(command.Outcome) int { return status })
+}
+
+// runOrderCommandFunc is runOrderCommand with the success status chosen by
+// the outcome (e.g. 202 for a payment attempt started, 200 for none).
+// 201 and 202 answers carry the order's Location.
+func runOrderCommandFunc[C any](s *Server, w http.ResponseWriter, r *http.Request, key, scope string, cmd C, h OrderCommand[C], status func(command.Outcome) int) {
+	req := command.OrderRequest[C]{TenantID: tenantOf(r), Scope: scope, Key: key, Wait: s.keyWait(r), Command: cmd}
+	res, err := h.Run(r.Context(), s.Idempotency, req, func(out command.Outcome) (command.Response, error) {
+		if out.Refusal != nil {
+			return refusal(r, out.Refusal)
 		}
+		o, st := out.Order, status(out)
 		header := map[string]string{"ETag": etag(o.Version)}
-		if status == http.StatusCreated {
+		if st == http.StatusCreated || st == http.StatusAccepted {
 			header["Location"] = orderLocation(o.ID.String())
 		}
-		return jsonResponse(status, toOrderJSON(o), header)
+		return jsonResponse(st, toOrderJSON(o), header)
 	})
+	s.writeKeyed(w, r, res, err)
 }
 
 type createOrderRequest struct {

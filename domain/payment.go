@@ -54,10 +54,12 @@ func RefundKey(tenantID string, orderID uuid.UUID, attempt int) string {
 
 // Payment is the state of an order's payment: its latest charge attempt.
 // Attempt counts from 1 with every payment request; 0 means never asked.
+// Its JSON form (every field omitted when empty: the zero value is {}) is
+// what orders and order_views store; the projection writes the same form.
 type Payment struct {
-	Attempt int    `json:"attempt"`
-	Key     string `json:"key"`    // the derived provider key of Attempt
-	Method  string `json:"method"` // the payment method of Attempt
+	Attempt int    `json:"attempt,omitempty"`
+	Key     string `json:"key,omitempty"`    // the derived provider key of Attempt
+	Method  string `json:"method,omitempty"` // the payment method of Attempt
 	// ChargeID is the provider's id of the succeeded charge ("pi_…").
 	ChargeID string `json:"charge_id,omitempty"`
 	// DeclineCode and FailureReason explain the decline of Attempt.
@@ -81,9 +83,9 @@ const (
 
 // Refund is the state of an order's refund.
 type Refund struct {
-	Status        RefundStatus `json:"status"`
-	Attempt       int          `json:"attempt"`
-	Key           string       `json:"key"`
+	Status        RefundStatus `json:"status,omitempty"`
+	Attempt       int          `json:"attempt,omitempty"`
+	Key           string       `json:"key,omitempty"`
 	ID            string       `json:"id,omitempty"` // the provider's refund id ("re_…")
 	FailureReason string       `json:"failure_reason,omitempty"`
 	RequestedAt   *time.Time   `json:"requested_at,omitempty"`

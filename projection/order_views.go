@@ -35,7 +35,7 @@ ON CONFLICT (tenant_id, order_id) DO NOTHING`
 	// orderViewPaidSQL: a legacy order.paid (no charge id) leaves payment as is.
 	orderViewPaidSQL = `
 UPDATE order_views SET status = $3, paid_at = $4, version = $5, updated_at = $4,
-    payment = payment || jsonb_strip_nulls(jsonb_build_object('charge_id', NULLIF($6::text, '')))
+    payment = payment || $6::jsonb
 WHERE tenant_id = $1 AND order_id = $2`
 
 	orderViewPaymentRequestedSQL = `
@@ -44,7 +44,7 @@ WHERE tenant_id = $1 AND order_id = $2`
 
 	orderViewPaymentFailedSQL = `
 UPDATE order_views SET status = $3, version = $4, updated_at = $5,
-    payment = payment || jsonb_build_object('decline_code', $6::text, 'failure_reason', $7::text, 'failed_at', $5::timestamptz)
+    payment = payment || $6::jsonb
 WHERE tenant_id = $1 AND order_id = $2`
 
 	orderViewRefundRequestedSQL = `
@@ -52,9 +52,7 @@ UPDATE order_views SET refund = $3, version = $4, updated_at = $5
 WHERE tenant_id = $1 AND order_id = $2`
 
 	orderViewRefundSettledSQL = `
-UPDATE order_views SET version = $3, updated_at = $4,
-    refund = refund || jsonb_strip_nulls(jsonb_build_object('status', $5::text, 'id', NULLIF($6::text, ''),
-                                                            'failure_reason', NULLIF($7::text, ''), 'settled_at', $4::timestamptz))
+UPDATE order_views SET version = $3, updated_at = $4, refund = refund || $5::jsonb
 WHERE tenant_id = $1 AND order_id = $2`
 
 	orderViewShippedSQL = `
@@ -105,7 +103,9 @@ func (OrderViews) Queue(b *pgx.Batch, events []domain.Envelope) error {
 			if err != nil {
 				return err
 			}
-			updates = append(updates, func() { queueOne(b, env, orderViewPaidSQL, t, id, e.Status, e.At, v, e.ChargeID) })
+			updates = append(updates, func() {
+				queueOne(b, env, orderViewPaidSQL, t, id, e.Status, e.At, v, jsonPatch("charge_id", e.ChargeID))
+			})
 		case domain.TypePaymentRequested:
 			e, err := decodeData[domain.PaymentRequested](env)
 			if err != nil {
@@ -120,7 +120,8 @@ func (OrderViews) Queue(b *pgx.Batch, events []domain.Envelope) error {
 				return err
 			}
 			updates = append(updates, func() {
-				queueOne(b, env, orderViewPaymentFailedSQL, t, id, e.Status, v, e.At, e.DeclineCode, e.Reason)
+				queueOne(b, env, orderViewPaymentFailedSQL, t, id, e.Status, v, e.At,
+					jsonPatch("decline_code", e.DeclineCode, "failure_reason", e.Reason, "failed_at", e.At))
 			})
 		case domain.TypeRefundRequested:
 			e, err := decodeData[domain.RefundRequested](env)
@@ -136,7 +137,8 @@ func (OrderViews) Queue(b *pgx.Batch, events []domain.Envelope) error {
 				return err
 			}
 			updates = append(updates, func() {
-				queueOne(b, env, orderViewRefundSettledSQL, t, id, v, e.RefundedAt, string(domain.RefundSucceeded), e.RefundID, "")
+				queueOne(b, env, orderViewRefundSettledSQL, t, id, v, e.RefundedAt,
+					jsonPatch("status", string(domain.RefundSucceeded), "id", e.RefundID, "settled_at", e.RefundedAt))
 			})
 		case domain.TypeOrderRefundFailed:
 			e, err := decodeData[domain.OrderRefundFailed](env)
@@ -144,7 +146,8 @@ func (OrderViews) Queue(b *pgx.Batch, events []domain.Envelope) error {
 				return err
 			}
 			updates = append(updates, func() {
-				queueOne(b, env, orderViewRefundSettledSQL, t, id, v, e.At, string(domain.RefundFailed), "", e.Reason)
+				queueOne(b, env, orderViewRefundSettledSQL, t, id, v, e.At,
+					jsonPatch("status", string(domain.RefundFailed), "failure_reason", e.Reason, "settled_at", e.At))
 			})
 		case domain.TypeOrderShipped:
 			e, err := decodeData[domain.OrderShipped](env)
@@ -175,6 +178,20 @@ func (OrderViews) Queue(b *pgx.Batch, events []domain.Envelope) error {
 		queue()
 	}
 	return nil
+}
+
+// jsonPatch builds a JSON object from name, value pairs to merge into a
+// stored domain.Payment or domain.Refund, leaving out empty strings as those
+// types' JSON (omitempty) does, so view and order compare equal.
+func jsonPatch(kv ...any) map[string]any {
+	m := make(map[string]any, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		if s, ok := kv[i+1].(string); ok && s == "" {
+			continue
+		}
+		m[kv[i].(string)] = kv[i+1]
+	}
+	return m
 }
 
 // queueOne queues an update that must hit exactly the event's view row.

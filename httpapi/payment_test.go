@@ -9,41 +9,15 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
+	"github.com/acme/orders/internal/testenv"
 )
 
 // charge records the payment worker's outcome of an order's current
-// payment attempt (succeeded, or declined), as the worker will, through
-// command.RecordChargeOutcome. Until the worker exists, tests that need a
-// paid order drive it with this.
+// payment attempt (succeeded, or declined), as the worker will.
 func (a api) charge(tb testing.TB, orderID string, ok bool) domain.Order {
 	tb.Helper()
-	ctx := context.Background()
-	var (
-		ev      uuid.UUID
-		tenant  string
-		attempt int
-		total   int64
-		curr    string
-	)
-	err := a.db.QueryRow(ctx, `SELECT e.id, o.tenant_id, (o.payment->>'attempt')::int, o.total, o.currency
-FROM orders o JOIN outbox e ON e.aggregate_id = o.id AND e.event_type = 'payment.requested'
-WHERE o.id = $1 ORDER BY e.aggregate_version DESC LIMIT 1`, orderID).Scan(&ev, &tenant, &attempt, &total, &curr)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	c := command.ChargeOutcome{ChargeID: "pi_" + strings.ReplaceAll(ev.String(), "-", "")[:24], Amount: total, Currency: curr, Succeeded: ok}
-	if !ok {
-		c.DeclineCode, c.Reason = "card_declined", "Your card was declined."
-	}
-	o, err := command.NewRecordChargeOutcomeHandler(a.db).Handle(ctx, command.RecordChargeOutcome{
-		TenantID: tenant, OrderID: uuid.MustParse(orderID), Attempt: attempt, Consumer: "test", EventID: ev, Charge: c,
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return o
+	return testenv.SettlePayment(tb, a.db, uuid.MustParse(orderID), ok)
 }
 
 type payOut struct {

@@ -3,8 +3,10 @@ package httpapi_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -143,5 +145,35 @@ FROM outbox WHERE event_type = 'payment.requested'`).Scan(&k1, &k2); err != nil 
 	}
 	if _, _, _, after := a.counts(t); after != before {
 		t.Fatal("paying a cancelled order wrote events")
+	}
+}
+
+// Clients racing to pay one order under different keys make one payment
+// attempt: exactly one gets 202, the others 200 with the order as it is.
+func TestConcurrentPayMakesOneAttempt(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	const clients = 8
+	statuses := make(chan int, clients)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			r := a.do(t, http.MethodPost, "/v1/orders/"+id+"/pay", map[string]string{"Idempotency-Key": fmt.Sprintf("racer-%d", i)}, "")
+			statuses <- r.status
+		})
+	}
+	wg.Wait()
+	close(statuses)
+	got := map[int]int{}
+	for s := range statuses {
+		got[s]++
+	}
+	if got[202] != 1 || got[200] != clients-1 {
+		t.Fatalf("statuses %v; want one 202 and %d × 200", got, clients-1)
+	}
+	var n int
+	if err := a.db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE event_type = 'payment.requested'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d payment.requested events (%v), want 1", n, err)
 	}
 }

@@ -36,26 +36,38 @@ func NewCreateOrderHandler() CreateOrderHandler {
 // KindConflict *domain.Error (with the existing order's id) if an order was
 // created with the same key before; in both cases it has written nothing.
 func (h CreateOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd CreateOrder) (domain.Order, error) {
+	o, _, err := h.handle(ctx, tx, cmd)
+	return o, err
+}
+
+// Run runs cmd under its Idempotency-Key with idem, in one transaction with
+// the key row, and returns the response render made of the outcome (or the
+// stored one, for a retry). See Idempotency.Do for the errors.
+func (h CreateOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderRequest[CreateOrder], render Render) (Result, error) {
+	return runKeyed(ctx, idem, h, req, render)
+}
+
+func (h CreateOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd CreateOrder) (domain.Order, bool, error) {
 	order, created, err := domain.CreateOrder(newID(), cmd.TenantID, cmd.NewOrder, h.now())
 	if err != nil {
-		return domain.Order{}, err
+		return domain.Order{}, false, err
 	}
 	env, err := domain.NewEnvelope(newID(), order, created, order.CreatedAt)
 	if err != nil {
-		return domain.Order{}, err
+		return domain.Order{}, false, err
 	}
 	existing, err := orderCreate(ctx, tx, order, cmd.Key, env)
 	if err != nil {
-		return domain.Order{}, err
+		return domain.Order{}, false, err
 	}
 	if existing != uuid.Nil {
-		return domain.Order{}, &domain.Error{
+		return domain.Order{}, false, &domain.Error{
 			Kind:       domain.KindConflict,
 			Message:    "an order was already created with this Idempotency-Key; its key record has expired",
 			ResourceID: existing.String(),
 		}
 	}
-	return order, nil
+	return order, true, nil
 }
 
 // now is the service's clock, truncated to what PostgreSQL stores, so a

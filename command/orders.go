@@ -36,7 +36,7 @@ SELECT count(*) FROM o`
 
 	orderGetForUpdateSQL = `
 SELECT o.id, o.tenant_id, o.customer_id, o.status, o.currency, o.total, o.version, o.created_at, o.updated_at,
-       o.paid_at, o.shipped_at, o.cancelled_at, o.cancel_reason, o.shipping_address, o.note,
+       o.paid_at, o.shipped_at, o.cancelled_at, o.cancel_reason, o.shipping_address, o.note, o.payment, o.refund,
        (SELECT json_agg(json_build_object('sku', i.sku, 'quantity', i.quantity, 'unit_price', i.unit_price,
                                           'line_total', i.line_total) ORDER BY i.line_no)
         FROM order_items i WHERE i.tenant_id = o.tenant_id AND i.order_id = o.id)
@@ -47,8 +47,8 @@ FOR UPDATE OF o`
 	orderUpdateSQL = `
 UPDATE orders
 SET status = $3, version = $4, updated_at = $5, paid_at = $6, shipped_at = $7, cancelled_at = $8,
-    cancel_reason = $9, shipping_address = $10, note = $11
-WHERE tenant_id = $1 AND id = $2 AND version = $4 - 1`
+    cancel_reason = $9, shipping_address = $10, note = $11, payment = $12, refund = $13
+WHERE tenant_id = $1 AND id = $2 AND version = $4::bigint - $14::bigint`
 )
 
 // orderCreate writes a new order, its items and its created event env. If
@@ -82,7 +82,7 @@ func orderGetForUpdate(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.
 	var o domain.Order
 	err := tx.QueryRow(ctx, orderGetForUpdateSQL, tenantID, id).Scan(
 		&o.ID, &o.TenantID, &o.CustomerID, &o.Status, &o.Currency, &o.Total, &o.Version, &o.CreatedAt, &o.UpdatedAt,
-		&o.PaidAt, &o.ShippedAt, &o.CancelledAt, &o.CancelReason, &o.ShippingAddress, &o.Note, &o.Items)
+		&o.PaidAt, &o.ShippedAt, &o.CancelledAt, &o.CancelReason, &o.ShippingAddress, &o.Note, &o.Payment, &o.Refund, &o.Items)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return domain.Order{}, domain.Errorf(domain.KindNotFound, "order %s not found", id)
 	}
@@ -92,16 +92,16 @@ func orderGetForUpdate(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.
 	return o.UTC(), nil
 }
 
-// orderUpdate writes the changed state of o, which must be one version past
-// the row that tx holds locked.
-func orderUpdate(ctx context.Context, tx pgx.Tx, o domain.Order) error {
+// orderUpdate writes the changed state of o, which must be steps versions
+// past the row that tx holds locked.
+func orderUpdate(ctx context.Context, tx pgx.Tx, o domain.Order, steps int) error {
 	tag, err := tx.Exec(ctx, orderUpdateSQL, o.TenantID, o.ID, o.Status, o.Version, o.UpdatedAt,
-		o.PaidAt, o.ShippedAt, o.CancelledAt, o.CancelReason, o.ShippingAddress, o.Note)
+		o.PaidAt, o.ShippedAt, o.CancelledAt, o.CancelReason, o.ShippingAddress, o.Note, o.Payment, o.Refund, steps)
 	if err != nil {
 		return fmt.Errorf("update order: %w", err)
 	}
 	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("update order %s to version %d: the row is not at version %d", o.ID, o.Version, o.Version-1)
+		return fmt.Errorf("update order %s to version %d: the row is not at version %d", o.ID, o.Version, o.Version-int64(steps))
 	}
 	return nil
 }
@@ -109,21 +109,36 @@ func orderUpdate(ctx context.Context, tx pgx.Tx, o domain.Order) error {
 // changeOrder runs one lifecycle step on an order: it loads the order under
 // its row lock, lets change decide (a nil event means "nothing to do"), and
 // writes the new state and the event in tx. It returns the order as it is
-// afterwards, or change's error with nothing written.
-func changeOrder(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, change func(*domain.Order) (domain.Event, error)) (domain.Order, error) {
+// afterwards and whether it changed, or change's error with nothing written.
+func changeOrder(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, change func(*domain.Order) (domain.Event, error)) (domain.Order, bool, error) {
+	return changeOrderMany(ctx, tx, tenantID, id, func(o *domain.Order) ([]domain.Event, error) {
+		ev, err := change(o)
+		if ev == nil {
+			return nil, err
+		}
+		return []domain.Event{ev}, err
+	})
+}
+
+// changeOrderMany is changeOrder for a step that may raise several events,
+// each one version after the other (the last at the order's new version).
+func changeOrderMany(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, change func(*domain.Order) ([]domain.Event, error)) (domain.Order, bool, error) {
 	o, err := orderGetForUpdate(ctx, tx, tenantID, id)
 	if err != nil {
-		return domain.Order{}, err
+		return domain.Order{}, false, err
 	}
-	ev, err := change(&o)
-	if err != nil || ev == nil {
-		return o, err
+	evs, err := change(&o)
+	if err != nil || len(evs) == 0 {
+		return o, false, err
 	}
-	if err := orderUpdate(ctx, tx, o); err != nil {
-		return domain.Order{}, err
+	if err := orderUpdate(ctx, tx, o, len(evs)); err != nil {
+		return domain.Order{}, false, err
 	}
-	if err := outboxAppend(ctx, tx, o, ev); err != nil {
-		return domain.Order{}, fmt.Errorf("%s: %w", ev.EventType(), err)
+	for i, ev := range evs {
+		version := o.Version - int64(len(evs)-1-i)
+		if err := outboxAppendAt(ctx, tx, o, version, ev); err != nil {
+			return domain.Order{}, false, fmt.Errorf("%s: %w", ev.EventType(), err)
+		}
 	}
-	return o, nil
+	return o, true, nil
 }

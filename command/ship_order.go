@@ -26,6 +26,18 @@ func NewShipOrderHandler() ShipOrderHandler { return ShipOrderHandler{now: now} 
 // changes nothing; shipping a pending or cancelled one is a KindConflict
 // *domain.Error.
 func (h ShipOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd ShipOrder) (domain.Order, error) {
+	o, _, err := h.handle(ctx, tx, cmd)
+	return o, err
+}
+
+// Run runs cmd under its Idempotency-Key with idem, in one transaction with
+// the key row, and returns the response render made of the outcome (or the
+// stored one, for a retry). See Idempotency.Do for the errors.
+func (h ShipOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderRequest[ShipOrder], render Render) (Result, error) {
+	return runKeyed(ctx, idem, h, req, render)
+}
+
+func (h ShipOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd ShipOrder) (domain.Order, bool, error) {
 	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
 		return o.Ship(h.now())
 	})

@@ -29,6 +29,18 @@ func NewUpdateOrderHandler() UpdateOrderHandler { return UpdateOrderHandler{now:
 // ExpectedVersion is a KindPreconditionFailed *domain.Error, a shipped or
 // cancelled order a KindConflict one; a patch that changes nothing is a no-op.
 func (h UpdateOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd UpdateOrder) (domain.Order, error) {
+	o, _, err := h.handle(ctx, tx, cmd)
+	return o, err
+}
+
+// Run runs cmd under its Idempotency-Key with idem, in one transaction with
+// the key row, and returns the response render made of the outcome (or the
+// stored one, for a retry). See Idempotency.Do for the errors.
+func (h UpdateOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderRequest[UpdateOrder], render Render) (Result, error) {
+	return runKeyed(ctx, idem, h, req, render)
+}
+
+func (h UpdateOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd UpdateOrder) (domain.Order, bool, error) {
 	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
 		return o.Update(cmd.Patch, cmd.ExpectedVersion, h.now())
 	})

@@ -24,6 +24,12 @@ const (
 	TypeOrderShipped   = "order.shipped"
 	TypeOrderCancelled = "order.cancelled"
 	TypeOrderUpdated   = "order.updated"
+
+	TypePaymentRequested   = "payment.requested"
+	TypeOrderPaymentFailed = "order.payment_failed"
+	TypeRefundRequested    = "refund.requested"
+	TypeOrderRefunded      = "order.refunded"
+	TypeOrderRefundFailed  = "order.refund_failed"
 )
 
 // SchemaVersion is the version of the envelope and event data written today.
@@ -54,10 +60,86 @@ type Transition struct {
 	At         time.Time `json:"at"`
 }
 
-// OrderPaid records that a pending order was paid in full.
+// OrderPaid records that the provider confirmed the charge of a
+// payment_pending order (its total, in its currency). Events written before
+// payments went through the provider have no attempt, charge_id, amount or
+// paid_at, and moved a pending order (from_status "pending").
 type OrderPaid struct {
 	Transition
+	Attempt  int       `json:"attempt,omitempty"`
+	ChargeID string    `json:"charge_id,omitempty"`
+	Amount   int64     `json:"amount,omitempty"`
+	PaidAt   time.Time `json:"paid_at,omitzero"`
 }
+
+// PaymentRequested records the intent to charge an order: attempt Attempt,
+// to be charged with PaymentKey as the provider's idempotency key (derived,
+// see ChargeKey), Amount in the Transition's currency, with PaymentMethod.
+// The order is payment_pending until the outcome is recorded.
+type PaymentRequested struct {
+	Transition
+	Attempt       int    `json:"attempt"`
+	PaymentKey    string `json:"payment_key"`
+	Amount        int64  `json:"amount"`
+	PaymentMethod string `json:"payment_method"`
+}
+
+// EventType implements Event.
+func (PaymentRequested) EventType() string { return TypePaymentRequested }
+
+// OrderPaymentFailed records that the provider declined charge attempt
+// Attempt; the order is payment_failed and may be paid again.
+type OrderPaymentFailed struct {
+	Transition
+	Attempt     int    `json:"attempt"`
+	DeclineCode string `json:"decline_code"`
+	Reason      string `json:"reason"`
+}
+
+// EventType implements Event.
+func (OrderPaymentFailed) EventType() string { return TypeOrderPaymentFailed }
+
+// RefundRequested records the intent to refund a cancelled paid order in
+// full: charge ChargeID, Amount in Currency, with RefundKey (see RefundKey)
+// as the provider's idempotency key. It follows the order.cancelled event in
+// the same transaction, one version later; the status does not change.
+type RefundRequested struct {
+	CustomerID string    `json:"customer_id"`
+	Attempt    int       `json:"attempt"`
+	RefundKey  string    `json:"refund_key"`
+	ChargeID   string    `json:"charge_id"`
+	Amount     int64     `json:"amount"`
+	Currency   string    `json:"currency"`
+	At         time.Time `json:"at"`
+}
+
+// EventType implements Event.
+func (RefundRequested) EventType() string { return TypeRefundRequested }
+
+// OrderRefunded records that the provider confirmed a refund: the money
+// counts as refunded from this event on, never from the cancellation.
+type OrderRefunded struct {
+	CustomerID string    `json:"customer_id"`
+	Attempt    int       `json:"attempt"`
+	RefundID   string    `json:"refund_id"`
+	Amount     int64     `json:"amount"`
+	Currency   string    `json:"currency"`
+	RefundedAt time.Time `json:"refunded_at"`
+}
+
+// EventType implements Event.
+func (OrderRefunded) EventType() string { return TypeOrderRefunded }
+
+// OrderRefundFailed records that the provider refused a refund.
+type OrderRefundFailed struct {
+	CustomerID string    `json:"customer_id"`
+	Attempt    int       `json:"attempt"`
+	Reason     string    `json:"reason"`
+	At         time.Time `json:"at"`
+}
+
+// EventType implements Event.
+func (OrderRefundFailed) EventType() string { return TypeOrderRefundFailed }
 
 // EventType implements Event.
 func (OrderPaid) EventType() string { return TypeOrderPaid }
@@ -70,8 +152,11 @@ type OrderShipped struct {
 // EventType implements Event.
 func (OrderShipped) EventType() string { return TypeOrderShipped }
 
-// OrderCancelled records that a pending or paid order was cancelled; a paid
-// one was refunded in full (Refunded is its total, else 0).
+// OrderCancelled records that an order was cancelled. Refunded is 0 since
+// payments go through the provider: a paid order's refund is requested by the
+// RefundRequested event that follows it and counts only once OrderRefunded
+// confirms it. Events written before that carry the refunded total of a paid
+// order here (and no refund.requested follows them).
 type OrderCancelled struct {
 	Transition
 	Reason   string `json:"reason"`
@@ -108,6 +193,12 @@ type Envelope struct {
 
 // NewEnvelope wraps e, raised by order o (at o's current version), as event id.
 func NewEnvelope(id uuid.UUID, o Order, e Event, occurredAt time.Time) (Envelope, error) {
+	return NewEnvelopeAt(id, o, o.Version, e, occurredAt)
+}
+
+// NewEnvelopeAt wraps e, raised by order o at version, as event id: for a
+// step that raised several events, each one version after the other.
+func NewEnvelopeAt(id uuid.UUID, o Order, version int64, e Event, occurredAt time.Time) (Envelope, error) {
 	data, err := json.Marshal(e)
 	if err != nil {
 		return Envelope{}, fmt.Errorf("encode %s: %w", e.EventType(), err)
@@ -118,7 +209,7 @@ func NewEnvelope(id uuid.UUID, o Order, e Event, occurredAt time.Time) (Envelope
 		SchemaVersion:    SchemaVersion,
 		TenantID:         o.TenantID,
 		AggregateID:      o.ID,
-		AggregateVersion: o.Version,
+		AggregateVersion: version,
 		OccurredAt:       occurredAt,
 		Data:             data,
 	}, nil

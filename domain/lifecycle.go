@@ -7,27 +7,43 @@ import (
 
 // The lifecycle of an order:
 //
-//	pending ──pay──▶ paid ──ship──▶ shipped
-//	   │               │
-//	   └────cancel─────┴──▶ cancelled
+//	pending ──pay──▶ payment_pending ──charged──▶ paid ──ship──▶ shipped
+//	   │              ▲          │                  │
+//	   │              └──pay── payment_failed ◀──declined
+//	   │                         │                  │
+//	   └──────cancel─────────────┴──────cancel──────┴──▶ cancelled (+ refund.requested if paid)
 //
-// Each step that happens raises one event and adds one to the version.
-// Asking for a step that already happened (paying a paid or shipped order,
-// shipping a shipped one, cancelling a cancelled one) changes nothing and
-// raises no event: the caller gets the order as it is. A step that can no
-// longer happen is a KindConflict error that names the current status.
+// Each event adds one to the version; a step raises one event, except the
+// cancellation of a paid order, which raises order.cancelled and
+// refund.requested (two versions). Asking for a step that already happened
+// or is under way (paying a payment_pending or paid order, shipping a
+// shipped one, cancelling a cancelled one) changes nothing and raises no
+// event: the caller gets the order as it is. A step that can no longer happen
+// is a KindConflict error that names the current status; so is cancelling a
+// payment_pending order, whose charge may be in flight at the provider.
 
 // StatusChange is one entry of an order's status history.
 type StatusChange struct {
 	Status Status
 	At     time.Time
-	Reason string // why it was cancelled
+	Reason string // why it was cancelled, or why its payment was declined
 }
 
 // History lists the statuses the order went through, oldest first. It is
 // derived from the order's timestamps, so the write and read sides agree.
+// Of the payment attempts it shows the latest one's request (and decline).
 func (o Order) History() []StatusChange {
 	h := []StatusChange{{Status: StatusPending, At: o.CreatedAt}}
+	if p := o.Payment; p.RequestedAt != nil {
+		if p.FailedAt != nil && p.FailedAt.Before(*p.RequestedAt) {
+			// Declined, then asked again: the decline came first.
+			h = append(h, StatusChange{Status: StatusPaymentFailed, At: *p.FailedAt, Reason: p.FailureReason})
+		}
+		h = append(h, StatusChange{Status: StatusPaymentPending, At: *p.RequestedAt})
+		if p.FailedAt != nil && !p.FailedAt.Before(*p.RequestedAt) {
+			h = append(h, StatusChange{Status: StatusPaymentFailed, At: *p.FailedAt, Reason: p.FailureReason})
+		}
+	}
 	if o.PaidAt != nil {
 		h = append(h, StatusChange{Status: StatusPaid, At: *o.PaidAt})
 	}
@@ -38,20 +54,6 @@ func (o Order) History() []StatusChange {
 		h = append(h, StatusChange{Status: StatusCancelled, At: *o.CancelledAt, Reason: o.CancelReason})
 	}
 	return h
-}
-
-// Pay records the payment of a pending order. It returns a nil event when
-// the order was paid before (it is paid or shipped), and a KindConflict
-// error when it is cancelled.
-func (o *Order) Pay(now time.Time) (Event, error) {
-	switch o.Status {
-	case StatusPaid, StatusShipped:
-		return nil, nil
-	case StatusPending:
-		o.PaidAt = &now
-		return OrderPaid{o.transition(StatusPaid, now)}, nil
-	}
-	return nil, o.refuse("pay")
 }
 
 // Ship records the shipping of a paid order. It returns a nil event when the
@@ -71,24 +73,34 @@ func (o *Order) Ship(now time.Time) (Event, error) {
 // MaxReasonLen bounds a cancellation reason.
 const MaxReasonLen = 500
 
-// Cancel cancels a pending or paid order for reason (1 to 500 characters);
-// a paid order is refunded in full. It returns a nil event when the order
-// was cancelled before, a KindInvalid error for a bad reason, and a
-// KindConflict error when it is shipped.
-func (o *Order) Cancel(reason string, now time.Time) (Event, error) {
+// Cancel cancels a pending, payment_failed or paid order for reason (1 to
+// 500 characters) and returns its events: OrderCancelled, and for a paid
+// order also RefundRequested (refund attempt 1 of the full total, with its
+// derived RefundKey), one version later. It returns no events when the
+// order was cancelled before, a KindInvalid error for a bad reason, and a
+// KindConflict error when it is shipped or payment_pending (a charge may be
+// in flight: retry once the payment settled).
+func (o *Order) Cancel(reason string, now time.Time) ([]Event, error) {
 	if err := ValidateReason(reason); err != nil {
 		return nil, err
 	}
 	switch o.Status {
 	case StatusCancelled:
 		return nil, nil
-	case StatusPending, StatusPaid:
-		var refunded int64
-		if o.Status == StatusPaid {
-			refunded = o.Total
+	case StatusPaymentPending:
+		return nil, &Error{
+			Kind:    KindConflict,
+			Message: "cannot cancel an order that is payment_pending: its payment is in progress; retry after it settles",
+			State:   string(o.Status),
 		}
+	case StatusPending, StatusPaymentFailed, StatusPaid:
+		paid := o.Status == StatusPaid
 		o.CancelledAt, o.CancelReason = &now, reason
-		return OrderCancelled{Transition: o.transition(StatusCancelled, now), Reason: reason, Refunded: refunded}, nil
+		evs := []Event{OrderCancelled{Transition: o.transition(StatusCancelled, now), Reason: reason}}
+		if paid {
+			evs = append(evs, o.requestRefund(now))
+		}
+		return evs, nil
 	}
 	return nil, o.refuse("cancel")
 }
@@ -184,7 +196,7 @@ func (p Patch) Validate() error {
 	return fe.err("the change is invalid")
 }
 
-// Update applies p to a pending or paid order whose version is
+// Update applies p to an order that is not yet shipped or cancelled whose version is
 // expectedVersion. It returns a KindPreconditionFailed error when the order
 // has another version, a KindConflict error when it is shipped or cancelled,
 // and a nil event when p changes nothing.
@@ -199,7 +211,7 @@ func (o *Order) Update(p Patch, expectedVersion int64, now time.Time) (Event, er
 			State:   string(o.Status),
 		}
 	}
-	if o.Status != StatusPending && o.Status != StatusPaid {
+	if o.Status == StatusShipped || o.Status == StatusCancelled {
 		return nil, o.refuse("change")
 	}
 	changed := false

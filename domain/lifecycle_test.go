@@ -1,6 +1,7 @@
 package domain_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +11,8 @@ import (
 	"github.com/acme/orders/domain"
 )
 
-// orderIn returns an order brought to status through the lifecycle.
+// orderIn returns an order brought to status through the lifecycle; a paid
+// one was charged by provider charge "pi_1" on attempt 1.
 func orderIn(t *testing.T, status domain.Status) domain.Order {
 	t.Helper()
 	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
@@ -18,16 +20,31 @@ func orderIn(t *testing.T, status domain.Status) domain.Order {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pay := func() (domain.Event, error) { return o.Pay(domain.DefaultPaymentMethod, now) }
+	charge := func() (domain.Event, error) {
+		return o.RecordCharge(o.Payment.Attempt, domain.ChargeOutcome{ChargeID: "pi_1", Amount: o.Total, Currency: o.Currency, Succeeded: true}, now)
+	}
+	decline := func() (domain.Event, error) {
+		return o.RecordCharge(o.Payment.Attempt, domain.ChargeOutcome{Amount: o.Total, Currency: o.Currency, DeclineCode: "card_declined", Reason: "Your card was declined."}, now)
+	}
 	steps := map[domain.Status][]func() (domain.Event, error){
-		domain.StatusPending:   nil,
-		domain.StatusPaid:      {func() (domain.Event, error) { return o.Pay(now) }},
-		domain.StatusShipped:   {func() (domain.Event, error) { return o.Pay(now) }, func() (domain.Event, error) { return o.Ship(now) }},
-		domain.StatusCancelled: {func() (domain.Event, error) { return o.Cancel("changed my mind", now) }},
+		domain.StatusPending:        nil,
+		domain.StatusPaymentPending: {pay},
+		domain.StatusPaymentFailed:  {pay, decline},
+		domain.StatusPaid:           {pay, charge},
+		domain.StatusShipped:        {pay, charge, func() (domain.Event, error) { return o.Ship(now) }},
+		domain.StatusCancelled: {func() (domain.Event, error) {
+			evs, err := o.Cancel("changed my mind", now)
+			return evs[0], err
+		}},
 	}
 	for _, step := range steps[status] {
 		if _, err := step(); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if o.Status != status {
+		t.Fatalf("orderIn(%s) got %s", status, o.Status)
 	}
 	return o
 }
@@ -37,11 +54,23 @@ func TestLifecycle(t *testing.T) {
 	later := time.Date(2026, 11, 22, 9, 30, 0, 0, time.UTC)
 	type action struct {
 		name string
-		do   func(*domain.Order) (domain.Event, error)
+		do   func(*domain.Order) ([]domain.Event, error)
 	}
-	pay := action{"pay", func(o *domain.Order) (domain.Event, error) { return o.Pay(later) }}
-	ship := action{"ship", func(o *domain.Order) (domain.Event, error) { return o.Ship(later) }}
-	cancel := action{"cancel", func(o *domain.Order) (domain.Event, error) { return o.Cancel("out of stock", later) }}
+	one := func(e domain.Event, err error) ([]domain.Event, error) {
+		if e == nil {
+			return nil, err
+		}
+		return []domain.Event{e}, err
+	}
+	pay := action{"pay", func(o *domain.Order) ([]domain.Event, error) { return one(o.Pay("pm_card_visa", later)) }}
+	charged := action{"charged", func(o *domain.Order) ([]domain.Event, error) {
+		return one(o.RecordCharge(o.Payment.Attempt, domain.ChargeOutcome{ChargeID: "pi_2", Amount: o.Total, Currency: o.Currency, Succeeded: true}, later))
+	}}
+	declined := action{"declined", func(o *domain.Order) ([]domain.Event, error) {
+		return one(o.RecordCharge(o.Payment.Attempt, domain.ChargeOutcome{Amount: o.Total, Currency: o.Currency, DeclineCode: "card_declined", Reason: "declined"}, later))
+	}}
+	ship := action{"ship", func(o *domain.Order) ([]domain.Event, error) { return one(o.Ship(later)) }}
+	cancel := action{"cancel", func(o *domain.Order) ([]domain.Event, error) { return o.Cancel("out of stock", later) }}
 
 	const (
 		changes = "changes"
@@ -53,18 +82,31 @@ func TestLifecycle(t *testing.T) {
 		action action
 		want   string
 		to     domain.Status
-		event  string
+		events string // event types, comma-separated
 	}{
-		{domain.StatusPending, pay, changes, domain.StatusPaid, "order.paid"},
+		{domain.StatusPending, pay, changes, domain.StatusPaymentPending, "payment.requested"},
+		{domain.StatusPending, charged, noop, domain.StatusPending, ""},
+		{domain.StatusPending, declined, noop, domain.StatusPending, ""},
 		{domain.StatusPending, ship, refused, domain.StatusPending, ""},
 		{domain.StatusPending, cancel, changes, domain.StatusCancelled, "order.cancelled"},
+		{domain.StatusPaymentPending, pay, noop, domain.StatusPaymentPending, ""},
+		{domain.StatusPaymentPending, charged, changes, domain.StatusPaid, "order.paid"},
+		{domain.StatusPaymentPending, declined, changes, domain.StatusPaymentFailed, "order.payment_failed"},
+		{domain.StatusPaymentPending, ship, refused, domain.StatusPaymentPending, ""},
+		{domain.StatusPaymentPending, cancel, refused, domain.StatusPaymentPending, ""},
+		{domain.StatusPaymentFailed, pay, changes, domain.StatusPaymentPending, "payment.requested"},
+		{domain.StatusPaymentFailed, charged, noop, domain.StatusPaymentFailed, ""},
+		{domain.StatusPaymentFailed, ship, refused, domain.StatusPaymentFailed, ""},
+		{domain.StatusPaymentFailed, cancel, changes, domain.StatusCancelled, "order.cancelled"},
 		{domain.StatusPaid, pay, noop, domain.StatusPaid, ""},
+		{domain.StatusPaid, charged, noop, domain.StatusPaid, ""},
 		{domain.StatusPaid, ship, changes, domain.StatusShipped, "order.shipped"},
-		{domain.StatusPaid, cancel, changes, domain.StatusCancelled, "order.cancelled"},
-		{domain.StatusShipped, pay, noop, domain.StatusShipped, ""},
+		{domain.StatusPaid, cancel, changes, domain.StatusCancelled, "order.cancelled,refund.requested"},
+		{domain.StatusShipped, pay, refused, domain.StatusShipped, ""},
 		{domain.StatusShipped, ship, noop, domain.StatusShipped, ""},
 		{domain.StatusShipped, cancel, refused, domain.StatusShipped, ""},
 		{domain.StatusCancelled, pay, refused, domain.StatusCancelled, ""},
+		{domain.StatusCancelled, charged, noop, domain.StatusCancelled, ""},
 		{domain.StatusCancelled, ship, refused, domain.StatusCancelled, ""},
 		{domain.StatusCancelled, cancel, noop, domain.StatusCancelled, ""},
 	}
@@ -73,25 +115,29 @@ func TestLifecycle(t *testing.T) {
 			t.Parallel()
 			o := orderIn(t, tt.from)
 			before := o
-			ev, err := tt.action.do(&o)
+			evs, err := tt.action.do(&o)
 			switch tt.want {
 			case changes:
-				if err != nil || ev == nil || ev.EventType() != tt.event {
-					t.Fatalf("got event %v, err %v; want %s", ev, err, tt.event)
+				var types []string
+				for _, e := range evs {
+					types = append(types, e.EventType())
 				}
-				if o.Version != before.Version+1 || !o.UpdatedAt.Equal(later) {
-					t.Fatalf("version %d→%d, updated_at %v: want +1 and %v", before.Version, o.Version, o.UpdatedAt, later)
+				if err != nil || strings.Join(types, ",") != tt.events {
+					t.Fatalf("got events %v, err %v; want %s", types, err, tt.events)
+				}
+				if o.Version != before.Version+int64(len(evs)) || !o.UpdatedAt.Equal(later) {
+					t.Fatalf("version %d→%d, updated_at %v: want +%d and %v", before.Version, o.Version, o.UpdatedAt, len(evs), later)
 				}
 			case noop:
-				if err != nil || ev != nil || o.Version != before.Version {
-					t.Fatalf("got event %v, err %v, version %d; want a no-op", ev, err, o.Version)
+				if err != nil || len(evs) != 0 || o.Version != before.Version {
+					t.Fatalf("got events %v, err %v, version %d; want a no-op", evs, err, o.Version)
 				}
 			case refused:
 				de, ok := err.(*domain.Error)
 				if !ok || de.Kind != domain.KindConflict || de.State != string(tt.from) || !strings.Contains(de.Message, string(tt.from)) {
 					t.Fatalf("err = %v; want a conflict naming %s", err, tt.from)
 				}
-				if ev != nil || o.Version != before.Version {
+				if len(evs) != 0 || o.Version != before.Version {
 					t.Fatal("a refused step changed the order")
 				}
 			}
@@ -102,27 +148,136 @@ func TestLifecycle(t *testing.T) {
 	}
 }
 
-func TestCancelRefundsOnlyPaidOrders(t *testing.T) {
+func TestPaymentAttemptsAndKeys(t *testing.T) {
 	t.Parallel()
-	now := time.Now()
-	for status, refund := range map[domain.Status]int64{domain.StatusPending: 0, domain.StatusPaid: 2500} {
-		o := orderIn(t, status)
-		ev, err := o.Cancel("fraud", now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := ev.(domain.OrderCancelled)
-		if c.Refunded != refund || c.From != status || c.Reason != "fraud" || c.Total != 2500 {
-			t.Fatalf("cancel of a %s order: %+v", status, c)
-		}
-		if h := o.History(); h[len(h)-1].Status != domain.StatusCancelled || h[len(h)-1].Reason != "fraud" {
-			t.Fatalf("history %+v", h)
-		}
-	}
+	now := time.Date(2026, 11, 22, 9, 30, 0, 0, time.UTC)
 	o := orderIn(t, domain.StatusPending)
+	ev, err := o.Pay("pm_card_chargeDeclined", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := ev.(domain.PaymentRequested)
+	key1 := "t1:order:" + o.ID.String() + ":charge:1"
+	if req.Attempt != 1 || req.PaymentKey != key1 || req.Amount != o.Total || req.Currency != o.Currency ||
+		req.PaymentMethod != "pm_card_chargeDeclined" || o.Payment.Key != key1 || o.Payment.Attempt != 1 {
+		t.Fatalf("first attempt: %+v, order payment %+v", req, o.Payment)
+	}
+	if got := domain.ChargeKey("t1", o.ID, 1); got != key1 {
+		t.Fatalf("ChargeKey = %q, want %q (derived, the same every time)", got, key1)
+	}
+	// A stale outcome (another attempt) changes nothing.
+	if ev, err := o.RecordCharge(2, domain.ChargeOutcome{ChargeID: "pi_x", Amount: o.Total, Currency: o.Currency, Succeeded: true}, now); ev != nil || err != nil || o.Status != domain.StatusPaymentPending {
+		t.Fatalf("stale outcome: %v %v %s", ev, err, o.Status)
+	}
+	ev, err = o.RecordCharge(1, domain.ChargeOutcome{Amount: o.Total, Currency: o.Currency, DeclineCode: "card_declined", Reason: "Your card was declined."}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := ev.(domain.OrderPaymentFailed); f.Attempt != 1 || f.DeclineCode != "card_declined" || f.Reason != "Your card was declined." || o.Payment.DeclineCode != "card_declined" {
+		t.Fatalf("declined: %+v", f)
+	}
+	ev, err = o.Pay(domain.DefaultPaymentMethod, now.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key2 := "t1:order:" + o.ID.String() + ":charge:2"
+	if r := ev.(domain.PaymentRequested); r.Attempt != 2 || r.PaymentKey != key2 || r.From != domain.StatusPaymentFailed {
+		t.Fatalf("second attempt: %+v", r)
+	}
+	if o.Payment.DeclineCode != "" || o.Payment.FailureReason != "" {
+		t.Fatalf("a new attempt clears the last decline: %+v", o.Payment)
+	}
+	// The outcome of the old attempt, arriving late, changes nothing.
+	if ev, _ := o.RecordCharge(1, domain.ChargeOutcome{ChargeID: "pi_old", Amount: o.Total, Currency: o.Currency, Succeeded: true}, now); ev != nil {
+		t.Fatalf("late outcome of attempt 1 applied: %v", ev)
+	}
+	// A succeeded charge of another amount is refused, not recorded.
+	if _, err := o.RecordCharge(2, domain.ChargeOutcome{ChargeID: "pi_2", Amount: o.Total + 1, Currency: o.Currency, Succeeded: true}, now); domain.KindOf(err) != domain.KindConflict {
+		t.Fatalf("wrong amount: err %v, want KindConflict", err)
+	}
+	ev, err = o.RecordCharge(2, domain.ChargeOutcome{ChargeID: "pi_2", Amount: o.Total, Currency: o.Currency, Succeeded: true}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := ev.(domain.OrderPaid); p.Attempt != 2 || p.ChargeID != "pi_2" || p.Amount != o.Total || o.Payment.ChargeID != "pi_2" || o.PaidAt == nil {
+		t.Fatalf("paid: %+v", p)
+	}
+}
+
+func TestCancelOfPaidOrderRequestsRefund(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	o := orderIn(t, domain.StatusPaid)
+	v := o.Version
+	evs, err := o.Cancel("fraud", now)
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("cancel: %v %v", evs, err)
+	}
+	c, r := evs[0].(domain.OrderCancelled), evs[1].(domain.RefundRequested)
+	if c.Refunded != 0 || c.From != domain.StatusPaid || c.Reason != "fraud" || c.Total != 2500 {
+		t.Fatalf("cancelled: %+v (nothing is refunded until the provider confirms it)", c)
+	}
+	key := "t1:order:" + o.ID.String() + ":refund:1"
+	if r.Attempt != 1 || r.RefundKey != key || r.ChargeID != "pi_1" || r.Amount != 2500 || r.Currency != o.Currency || domain.RefundKey("t1", o.ID, 1) != key {
+		t.Fatalf("refund requested: %+v", r)
+	}
+	if o.Version != v+2 || o.Refund.Status != domain.RefundPending || o.Refund.Key != key {
+		t.Fatalf("order after cancel: version %d, refund %+v", o.Version, o.Refund)
+	}
+	if h := o.History(); h[len(h)-1].Status != domain.StatusCancelled || h[len(h)-1].Reason != "fraud" {
+		t.Fatalf("history %+v", h)
+	}
+	if ev, _ := o.RecordRefund(2, domain.RefundOutcome{RefundID: "re_x", Amount: 2500, Currency: o.Currency, Succeeded: true}, now); ev != nil {
+		t.Fatal("stale refund outcome applied")
+	}
+	ev, err := o.RecordRefund(1, domain.RefundOutcome{RefundID: "re_1", Amount: 2500, Currency: o.Currency, Succeeded: true}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rf := ev.(domain.OrderRefunded); rf.RefundID != "re_1" || rf.Amount != 2500 || o.Refund.Status != domain.RefundSucceeded || o.Refund.ID != "re_1" {
+		t.Fatalf("refunded: %+v, order refund %+v", rf, o.Refund)
+	}
+	if ev, _ := o.RecordRefund(1, domain.RefundOutcome{RefundID: "re_1", Amount: 2500, Currency: o.Currency, Succeeded: true}, now); ev != nil {
+		t.Fatal("a second outcome of a settled refund applied")
+	}
+
+	failed := orderIn(t, domain.StatusPaid)
+	if _, err := failed.Cancel("fraud", now); err != nil {
+		t.Fatal(err)
+	}
+	ev, err = failed.RecordRefund(1, domain.RefundOutcome{Reason: "charge_disputed"}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := ev.(domain.OrderRefundFailed); f.Reason != "charge_disputed" || failed.Refund.Status != domain.RefundFailed {
+		t.Fatalf("refund failed: %+v", f)
+	}
+
+	pending := orderIn(t, domain.StatusPending)
+	evs, err = pending.Cancel("fraud", now)
+	if err != nil || len(evs) != 1 || pending.Refund.Status != domain.RefundNone {
+		t.Fatalf("cancel of a pending order: %v %v %+v", evs, err, pending.Refund)
+	}
 	for _, reason := range []string{"", strings.Repeat("r", 501), "bad\x00reason"} {
+		o := orderIn(t, domain.StatusPending)
 		if _, err := o.Cancel(reason, now); domain.KindOf(err) != domain.KindInvalid {
 			t.Fatalf("Cancel(%q) err = %v, want KindInvalid", reason, err)
+		}
+	}
+}
+
+func TestValidatePaymentMethod(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"pm_card_visa", "pm_card_chargeDeclined", "pm_" + strings.Repeat("a", 64), "pm_1"} {
+		if err := domain.ValidatePaymentMethod(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "pm_", "card_visa", "pm_card visa", "pm_" + strings.Repeat("a", 65), "pm_é", "PM_card"} {
+		err := domain.ValidatePaymentMethod(bad)
+		var de *domain.Error
+		if !errors.As(err, &de) || de.Kind != domain.KindInvalid || len(de.Fields) != 1 || de.Fields[0].Field != "payment_method" {
+			t.Errorf("%q: err %v, want KindInvalid naming payment_method", bad, err)
 		}
 	}
 }

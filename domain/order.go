@@ -11,10 +11,12 @@ type Status string
 
 // The order statuses. A new order is pending.
 const (
-	StatusPending   Status = "pending"
-	StatusPaid      Status = "paid"
-	StatusShipped   Status = "shipped"
-	StatusCancelled Status = "cancelled"
+	StatusPending        Status = "pending"
+	StatusPaymentPending Status = "payment_pending"
+	StatusPaymentFailed  Status = "payment_failed"
+	StatusPaid           Status = "paid"
+	StatusShipped        Status = "shipped"
+	StatusCancelled      Status = "cancelled"
 )
 
 // Limits of an order, checked by NewOrder.Validate.
@@ -61,6 +63,10 @@ type Order struct {
 	// Set by Update; nil and "" until then.
 	ShippingAddress *Address
 	Note            string
+	// Payment is the latest charge attempt; Refund the refund of a
+	// cancelled paid order.
+	Payment Payment
+	Refund  Refund
 }
 
 // NewOrder is what it takes to place an order. Its zero value is invalid.
@@ -198,7 +204,8 @@ func itoa(i int) string {
 // UTC returns o with every instant in UTC, as the service presents them.
 func (o Order) UTC() Order {
 	o.CreatedAt, o.UpdatedAt = o.CreatedAt.UTC(), o.UpdatedAt.UTC()
-	for _, t := range []**time.Time{&o.PaidAt, &o.ShippedAt, &o.CancelledAt} {
+	for _, t := range []**time.Time{&o.PaidAt, &o.ShippedAt, &o.CancelledAt,
+		&o.Payment.RequestedAt, &o.Payment.FailedAt, &o.Refund.RequestedAt, &o.Refund.SettledAt} {
 		if *t != nil {
 			u := (*t).UTC()
 			*t = &u

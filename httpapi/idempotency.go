@@ -101,16 +101,9 @@ func preferWait(r *http.Request) (time.Duration, bool) {
 	return 0, false
 }
 
-// keyed runs exec at most once for this request's Idempotency-Key and writes
-// the (stored or fresh) response. cmd must be validated: its JSON encoding
-// is the request's fingerprint.
-func (s *Server) keyed(w http.ResponseWriter, r *http.Request, key, scope string, cmd any, exec command.Executor) {
-	res, err := s.Idempotency.Do(r.Context(), command.KeyedRequest{
-		TenantID: tenantOf(r),
-		Scope:    scope,
-		Key:      key,
-		Command:  cmd,
-	}, s.keyWait(r), exec)
+// writeKeyed writes the (stored or fresh) response of a keyed command, or
+// the problem for its error.
+func (s *Server) writeKeyed(w http.ResponseWriter, r *http.Request, res command.Result, err error) {
 	if err != nil {
 		writeProblem(w, r, s.Logger, problemFor(err), err)
 		return

@@ -130,11 +130,11 @@ func TestChunkedEmptyBody(t *testing.T) {
 	if got := send("ws", "  \n"); got != http.StatusBadRequest {
 		t.Fatalf("chunked whitespace body: %d, want 400", got)
 	}
-	if got := send("empty", ""); got != http.StatusOK {
-		t.Fatalf("chunked empty body: %d, want 200", got)
+	if got := send("empty", ""); got != http.StatusAccepted {
+		t.Fatalf("chunked empty body: %d, want 202 (a payment attempt started)", got)
 	}
 	if got := send("obj", "{}"); got != http.StatusOK {
-		t.Fatalf("chunked {}: %d, want 200", got)
+		t.Fatalf("chunked {}: %d, want 200 (payment under way: no second attempt)", got)
 	}
 }
 

@@ -47,33 +47,37 @@ func TestLifecycleOverHTTP(t *testing.T) {
 		return a.do(t, method, path+suffix, h, body)
 	}
 
-	// pay: 200 at v2; the retry replays; a new key is a no-op without an event.
+	// pay: 202 at v2 (payment_pending, its Location); the retry replays; a
+	// new key is a no-op 200 without an event (no second attempt).
 	paid := step(http.MethodPost, "/pay", "pay-1", "", nil)
-	if o := decodeOrder(t, paid); paid.status != 200 || o.Status != "paid" || o.Version != 2 || paid.header.Get("ETag") != `"2"` {
-		t.Fatalf("pay: %d %s", paid.status, paid.body)
+	if o := decodeOrder(t, paid); paid.status != 202 || o.Status != "payment_pending" || o.Version != 2 || paid.header.Get("ETag") != `"2"` ||
+		paid.header.Get("Location") != path {
+		t.Fatalf("pay: %d %s %v", paid.status, paid.body, paid.header)
 	}
-	if again := step(http.MethodPost, "/pay", "pay-1", "", nil); again.status != 200 || string(again.body) != string(paid.body) || again.header.Get("Idempotent-Replayed") != "true" {
+	if again := step(http.MethodPost, "/pay", "pay-1", "", nil); again.status != 202 || string(again.body) != string(paid.body) || again.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("pay retried: %d %s", again.status, again.body)
 	}
 	events := outbox()
 	if noop := step(http.MethodPost, "/pay", "pay-2", "{}", nil); noop.status != 200 || decodeOrder(t, noop).Version != 2 || outbox() != events {
 		t.Fatalf("pay again with a new key: %d %s, %d events (was %d)", noop.status, noop.body, outbox(), events)
 	}
+	// The payment worker's part, driven directly: the charge succeeded (v3).
+	a.charge(t, created.ID, true)
 
 	// PATCH: 428 without If-Match, 412 when stale, 200 with the new ETag.
 	patch := `{"note":"ring twice","shipping_address":{"name":"Ada","line1":"1 Main St","city":"Berlin","postal_code":"10115","country":"DE"}}`
 	if r := step(http.MethodPatch, "", "patch-0", patch, nil); r.status != http.StatusPreconditionRequired {
 		t.Fatalf("PATCH without If-Match: %d %s", r.status, r.body)
 	}
-	if r := step(http.MethodPatch, "", "patch-1", patch, map[string]string{"If-Match": `"1"`}); r.status != http.StatusPreconditionFailed {
+	if r := step(http.MethodPatch, "", "patch-1", patch, map[string]string{"If-Match": `"2"`}); r.status != http.StatusPreconditionFailed {
 		t.Fatalf("PATCH with a stale If-Match: %d %s", r.status, r.body)
 	}
-	patched := step(http.MethodPatch, "", "patch-2", patch, map[string]string{"If-Match": `"2"`})
-	if o := decodeOrder(t, patched); patched.status != 200 || o.Version != 3 || o.Note != "ring twice" || o.ShippingAddress == nil ||
-		o.ShippingAddress.City != "Berlin" || patched.header.Get("ETag") != `"3"` {
+	patched := step(http.MethodPatch, "", "patch-2", patch, map[string]string{"If-Match": `"3"`})
+	if o := decodeOrder(t, patched); patched.status != 200 || o.Version != 4 || o.Note != "ring twice" || o.ShippingAddress == nil ||
+		o.ShippingAddress.City != "Berlin" || patched.header.Get("ETag") != `"4"` {
 		t.Fatalf("PATCH: %d %s", patched.status, patched.body)
 	}
-	if r := step(http.MethodPatch, "", "patch-3", `{"note":"x","colour":"red"}`, map[string]string{"If-Match": `"3"`}); r.status != 400 {
+	if r := step(http.MethodPatch, "", "patch-3", `{"note":"x","colour":"red"}`, map[string]string{"If-Match": `"4"`}); r.status != 400 {
 		t.Fatalf("PATCH with an unknown field: %d %s", r.status, r.body)
 	}
 
@@ -88,14 +92,17 @@ func TestLifecycleOverHTTP(t *testing.T) {
 	if again := step(http.MethodPost, "/cancel", "cancel-1", `{"reason":"too late"}`, nil); again.status != 409 || again.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("the refusal is stored and replayed: %d %q", again.status, again.header.Get("Idempotent-Replayed"))
 	}
-	if r := step(http.MethodPatch, "", "patch-4", `{"note":"late"}`, map[string]string{"If-Match": `"4"`}); r.status != http.StatusConflict {
+	if r := step(http.MethodPatch, "", "patch-4", `{"note":"late"}`, map[string]string{"If-Match": `"5"`}); r.status != http.StatusConflict {
 		t.Fatalf("PATCH of a shipped order: %d %s", r.status, r.body)
 	}
-	if r := step(http.MethodPost, "/ship", "ship-2", "", nil); r.status != 200 || decodeOrder(t, r).Version != 4 {
+	if r := step(http.MethodPost, "/ship", "ship-2", "", nil); r.status != 200 || decodeOrder(t, r).Version != 5 {
 		t.Fatalf("ship again: %d %s", r.status, r.body)
 	}
-	if n := outbox(); n != 4 {
-		t.Fatalf("%d events, want 4 (created, paid, updated, shipped)", n)
+	if r := step(http.MethodPost, "/pay", "pay-3", "", nil); r.status != http.StatusConflict || !strings.Contains(string(r.body), `"current_status":"shipped"`) {
+		t.Fatalf("pay of a shipped order: %d %s", r.status, r.body)
+	}
+	if n := outbox(); n != 5 {
+		t.Fatalf("%d events, want 5 (created, payment requested, paid, updated, shipped)", n)
 	}
 
 	// Bad requests on lifecycle routes.

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"reflect"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
@@ -32,6 +30,26 @@ type orderJSON struct {
 	ShippingAddress *domain.Address `json:"shipping_address"`
 	Note            string          `json:"note"`
 	StatusHistory   []statusJSON    `json:"status_history"`
+	// Payment is the latest charge attempt (null before the first pay).
+	Payment *paymentJSON `json:"payment"`
+	// Refund is "" until a paid order is cancelled, then pending, succeeded
+	// or failed; RefundDetails says more.
+	Refund        string      `json:"refund"`
+	RefundDetails *refundJSON `json:"refund_details,omitempty"`
+}
+
+type paymentJSON struct {
+	Attempt       int    `json:"attempt"`
+	Method        string `json:"payment_method"`
+	ChargeID      string `json:"charge_id,omitempty"`
+	DeclineCode   string `json:"decline_code,omitempty"`
+	FailureReason string `json:"failure_reason,omitempty"`
+}
+
+type refundJSON struct {
+	Attempt       int    `json:"attempt"`
+	RefundID      string `json:"refund_id,omitempty"`
+	FailureReason string `json:"failure_reason,omitempty"`
 }
 
 type itemJSON struct {
@@ -57,11 +75,18 @@ func toOrderJSON(o domain.Order) orderJSON {
 	for _, h := range o.History() {
 		history = append(history, statusJSON{Status: string(h.Status), At: h.At.UTC(), Reason: h.Reason})
 	}
-	return orderJSON{
+	out := orderJSON{
 		ID: o.ID, CustomerID: o.CustomerID, Status: string(o.Status), Currency: o.Currency,
 		Items: items, Total: o.Total, Version: o.Version, CreatedAt: o.CreatedAt, UpdatedAt: o.UpdatedAt,
-		ShippingAddress: o.ShippingAddress, Note: o.Note, StatusHistory: history,
+		ShippingAddress: o.ShippingAddress, Note: o.Note, StatusHistory: history, Refund: string(o.Refund.Status),
 	}
+	if p := o.Payment; p.Attempt > 0 {
+		out.Payment = &paymentJSON{Attempt: p.Attempt, Method: p.Method, ChargeID: p.ChargeID, DeclineCode: p.DeclineCode, FailureReason: p.FailureReason}
+	}
+	if rf := o.Refund; rf.Attempt > 0 {
+		out.RefundDetails = &refundJSON{Attempt: rf.Attempt, RefundID: rf.ID, FailureReason: rf.FailureReason}
+	}
+	return out
 }
 
 func orderLocation(id string) string { return "/v1/orders/" + id }
@@ -83,17 +108,26 @@ const (
 // already) and answers with the order and its ETag: status on success; a
 // stored problem for a refusal.
 func runOrderCommand[C any](s *Server, w http.ResponseWriter, r *http.Request, key, scope string, cmd C, h OrderCommand[C], status int) {
-	s.keyed(w, r, key, scope, cmd, func(ctx context.Context, tx pgx.Tx) (command.Response, error) {
-		o, err := h.Handle(ctx, tx, cmd)
-		if err != nil {
-			return refusal(r, err)
+	runOrderCommandFunc(s, w, r, key, scope, cmd, h, func(command.Outcome) int { return status })
+}
+
+// runOrderCommandFunc is runOrderCommand with the success status chosen by
+// the outcome (e.g. 202 for a payment attempt started, 200 for none).
+// 201 and 202 answers carry the order's Location.
+func runOrderCommandFunc[C any](s *Server, w http.ResponseWriter, r *http.Request, key, scope string, cmd C, h OrderCommand[C], status func(command.Outcome) int) {
+	req := command.OrderRequest[C]{TenantID: tenantOf(r), Scope: scope, Key: key, Wait: s.keyWait(r), Command: cmd}
+	res, err := h.Run(r.Context(), s.Idempotency, req, func(out command.Outcome) (command.Response, error) {
+		if out.Refusal != nil {
+			return refusal(r, out.Refusal)
 		}
+		o, st := out.Order, status(out)
 		header := map[string]string{"ETag": etag(o.Version)}
-		if status == http.StatusCreated {
+		if st == http.StatusCreated || st == http.StatusAccepted {
 			header["Location"] = orderLocation(o.ID.String())
 		}
-		return jsonResponse(status, toOrderJSON(o), header)
+		return jsonResponse(st, toOrderJSON(o), header)
 	})
+	s.writeKeyed(w, r, res, err)
 }
 
 type createOrderRequest struct {
@@ -147,13 +181,36 @@ func (s *Server) keyedOrderRequest(w http.ResponseWriter, r *http.Request) (key 
 	return key, id, true
 }
 
-// payOrder handles POST /v1/orders/{id}/pay (no body, or {}).
+// payOrder handles POST /v1/orders/{id}/pay (no body, {}, or
+// {"payment_method": "pm_…"}): 202 with the order and its Location when it
+// recorded a new payment attempt (the charge happens later, through the
+// outbox and the payment worker), 200 with the order as it is when a payment
+// is under way or done.
 func (s *Server) payOrder(w http.ResponseWriter, r *http.Request) {
 	key, id, ok := s.keyedOrderRequest(w, r)
-	if !ok || !s.decodeOptional(w, r, &struct{}{}) {
+	if !ok {
 		return
 	}
-	runOrderCommand(s, w, r, key, scopePayOrder, command.PayOrder{TenantID: tenantOf(r), OrderID: id}, s.PayOrder, http.StatusOK)
+	var req struct {
+		PaymentMethod *string `json:"payment_method"`
+	}
+	if !s.decodeOptional(w, r, &req) {
+		return
+	}
+	cmd := command.PayOrder{TenantID: tenantOf(r), OrderID: id, PaymentMethod: domain.DefaultPaymentMethod}
+	if req.PaymentMethod != nil {
+		cmd.PaymentMethod = *req.PaymentMethod
+	}
+	if err := cmd.Validate(); err != nil {
+		writeProblem(w, r, s.Logger, problemFor(err), err)
+		return
+	}
+	runOrderCommandFunc(s, w, r, key, scopePayOrder, cmd, s.PayOrder, func(out command.Outcome) int {
+		if out.Changed {
+			return http.StatusAccepted
+		}
+		return http.StatusOK
+	})
 }
 
 // shipOrder handles POST /v1/orders/{id}/ship (no body, or {}).
@@ -328,10 +385,10 @@ func (s *Server) listOrders(w http.ResponseWriter, r *http.Request) {
 	}
 	if st := params.Get("status"); st != "" {
 		switch domain.Status(st) {
-		case domain.StatusPending, domain.StatusPaid, domain.StatusShipped, domain.StatusCancelled:
+		case domain.StatusPending, domain.StatusPaymentPending, domain.StatusPaymentFailed, domain.StatusPaid, domain.StatusShipped, domain.StatusCancelled:
 			q.Status = domain.Status(st)
 		default:
-			writeProblem(w, r, s.Logger, invalidParam("status", "must be pending, paid, shipped or cancelled"), nil)
+			writeProblem(w, r, s.Logger, invalidParam("status", "must be pending, payment_pending, payment_failed, paid, shipped or cancelled"), nil)
 			return
 		}
 	}

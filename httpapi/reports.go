@@ -52,7 +52,7 @@ func (s *Server) customerSummary(w http.ResponseWriter, r *http.Request) {
 	}
 	out := summaryJSON{CustomerID: sum.CustomerID, Orders: map[string]int64{}, LastOrderAt: sum.LastOrderAt}
 	var total int64
-	for _, st := range []domain.Status{domain.StatusPending, domain.StatusPaid, domain.StatusShipped, domain.StatusCancelled} {
+	for _, st := range []domain.Status{domain.StatusPending, domain.StatusPaymentPending, domain.StatusPaymentFailed, domain.StatusPaid, domain.StatusShipped, domain.StatusCancelled} {
 		out.Orders[string(st)] = sum.ByStatus[st]
 		total += sum.ByStatus[st]
 	}

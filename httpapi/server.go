@@ -16,7 +16,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/auth"
 	"github.com/acme/orders/command"
@@ -25,11 +24,6 @@ import (
 	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/query"
 )
-
-// Idempotency runs a keyed command at most once; *command.Idempotency is one.
-type Idempotency interface {
-	Do(ctx context.Context, req command.KeyedRequest, wait time.Duration, exec command.Executor) (command.Result, error)
-}
 
 // Authenticator maps a bearer token to its tenant; *auth.Clients is one. It
 // returns auth.ErrUnknownToken for a token it does not know (401) and
@@ -43,10 +37,11 @@ type KeyLookup interface {
 	Lookup(ctx context.Context, tenantID, key string) ([]command.KeyRecord, error)
 }
 
-// OrderCommand handles one kind of order command inside the key's
-// transaction; the command package's handlers are such.
+// OrderCommand runs one kind of order command under an Idempotency-Key: the
+// handler owns the transaction and the key claim, this package only renders
+// the outcome. The command package's handlers are such.
 type OrderCommand[C any] interface {
-	Handle(ctx context.Context, tx pgx.Tx, cmd C) (domain.Order, error)
+	Run(ctx context.Context, idem *command.Idempotency, req command.OrderRequest[C], render command.Render) (command.Result, error)
 }
 
 // Query answers one kind of query; the query package's handlers are such.
@@ -57,8 +52,10 @@ type Query[Q, R any] interface {
 var (
 	_ Authenticator                                          = (*auth.Clients)(nil)
 	_ KeyLookup                                              = (*command.Idempotency)(nil)
-	_ Idempotency                                            = (*command.Idempotency)(nil)
 	_ OrderCommand[command.CreateOrder]                      = command.CreateOrderHandler{}
+	_ OrderCommand[command.PayOrder]                         = command.PayOrderHandler{}
+	_ OrderCommand[command.ShipOrder]                        = command.ShipOrderHandler{}
+	_ OrderCommand[command.CancelOrder]                      = command.CancelOrderHandler{}
 	_ OrderCommand[command.UpdateOrder]                      = command.UpdateOrderHandler{}
 	_ Query[query.GetOrder, domain.Order]                    = query.GetOrderHandler{}
 	_ Query[query.ListOrders, query.OrderPage]               = query.ListOrdersHandler{}
@@ -68,9 +65,10 @@ var (
 
 // Deps is everything the HTTP interface needs.
 type Deps struct {
-	Logger      *slog.Logger
-	Auth        Authenticator
-	Idempotency Idempotency
+	Logger *slog.Logger
+	Auth   Authenticator
+	// Idempotency is the key store the order commands run under.
+	Idempotency *command.Idempotency
 	Keys        KeyLookup
 
 	CreateOrder OrderCommand[command.CreateOrder]

@@ -10,8 +10,9 @@ import (
 )
 
 // CustomerSummaries keeps customer_summaries: per tenant, customer and
-// currency, how many orders are in each status, how much was paid and
-// refunded, and when the last order was placed. It is built from deltas, so
+// currency, how many orders are in each status, how much was paid (charges
+// the provider confirmed: order.paid) and refunded (refunds it confirmed:
+// order.refunded; never at the cancellation), and when the last order was placed. It is built from deltas, so
 // it depends on the runner's inbox and positions to see each event once.
 type CustomerSummaries struct{}
 
@@ -35,11 +36,14 @@ type summaryDelta struct {
 // array element per row.
 const CustomerSummariesUpsertSQL = `
 INSERT INTO customer_summaries AS s (tenant_id, customer_id, currency, orders_pending, orders_paid,
-    orders_shipped, orders_cancelled, total_paid, total_refunded, last_order_at)
+    orders_shipped, orders_cancelled, total_paid, total_refunded, last_order_at,
+    orders_payment_pending, orders_payment_failed)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
-    $7::bigint[], $8::bigint[], $9::bigint[], $10::timestamptz[])
+    $7::bigint[], $8::bigint[], $9::bigint[], $10::timestamptz[], $11::bigint[], $12::bigint[])
 ON CONFLICT (tenant_id, customer_id, currency) DO UPDATE SET
     orders_pending   = s.orders_pending + EXCLUDED.orders_pending,
+    orders_payment_pending = s.orders_payment_pending + EXCLUDED.orders_payment_pending,
+    orders_payment_failed  = s.orders_payment_failed + EXCLUDED.orders_payment_failed,
     orders_paid      = s.orders_paid + EXCLUDED.orders_paid,
     orders_shipped   = s.orders_shipped + EXCLUDED.orders_shipped,
     orders_cancelled = s.orders_cancelled + EXCLUDED.orders_cancelled,
@@ -91,13 +95,36 @@ func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
 				return err
 			}
 			move(env, e.Transition)
+		case domain.TypePaymentRequested:
+			e, err := decodeData[domain.PaymentRequested](env)
+			if err != nil {
+				return err
+			}
+			move(env, e.Transition)
+		case domain.TypeOrderPaymentFailed:
+			e, err := decodeData[domain.OrderPaymentFailed](env)
+			if err != nil {
+				return err
+			}
+			move(env, e.Transition)
 		case domain.TypeOrderCancelled:
 			e, err := decodeData[domain.OrderCancelled](env)
 			if err != nil {
 				return err
 			}
 			d := move(env, e.Transition)
+			// Refunded is 0 in events written since refunds go through the
+			// provider (they count at order.refunded); older events carry it.
 			if err := addMoney(&d.refunded, e.Refunded, "customer "+e.CustomerID+" "+e.Currency+" total_refunded"); err != nil {
+				return err
+			}
+		case domain.TypeOrderRefunded:
+			e, err := decodeData[domain.OrderRefunded](env)
+			if err != nil {
+				return err
+			}
+			d := delta(env.TenantID, e.CustomerID, e.Currency)
+			if err := addMoney(&d.refunded, e.Amount, "customer "+e.CustomerID+" "+e.Currency+" total_refunded"); err != nil {
 				return err
 			}
 		}
@@ -107,13 +134,15 @@ func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
 	}
 
 	var tenants, customers, currencies []string
-	var pending, paid, shipped, cancelled, totalPaid, totalRefunded []int64
+	var pending, paying, failed, paid, shipped, cancelled, totalPaid, totalRefunded []int64
 	var last []*time.Time
 	deltas.inOrder(func(a, b summaryKey) int {
 		return cmp.Or(cmp.Compare(a.tenant, b.tenant), cmp.Compare(a.customer, b.customer), cmp.Compare(a.currency, b.currency))
 	}, func(k summaryKey, d *summaryDelta) {
 		tenants, customers, currencies = append(tenants, k.tenant), append(customers, k.customer), append(currencies, k.currency)
 		pending = append(pending, d.byStatus[domain.StatusPending])
+		paying = append(paying, d.byStatus[domain.StatusPaymentPending])
+		failed = append(failed, d.byStatus[domain.StatusPaymentFailed])
 		paid = append(paid, d.byStatus[domain.StatusPaid])
 		shipped = append(shipped, d.byStatus[domain.StatusShipped])
 		cancelled = append(cancelled, d.byStatus[domain.StatusCancelled])
@@ -121,6 +150,6 @@ func (CustomerSummaries) Queue(b *pgx.Batch, events []domain.Envelope) error {
 		last = append(last, d.lastOrderAt)
 	})
 	b.Queue(CustomerSummariesUpsertSQL, tenants, customers, currencies,
-		pending, paid, shipped, cancelled, totalPaid, totalRefunded, last)
+		pending, paid, shipped, cancelled, totalPaid, totalRefunded, last, paying, failed)
 	return nil
 }

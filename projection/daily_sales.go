@@ -10,7 +10,8 @@ import (
 )
 
 // DailySales keeps daily_sales: per tenant, UTC day and currency, the orders
-// placed, the amount paid and the amount refunded that day. Built from
+// placed, the amount paid (order.paid: the provider confirmed the charge)
+// and the amount refunded (order.refunded: it confirmed the refund) that day. Built from
 // deltas, like CustomerSummaries.
 type DailySales struct{}
 
@@ -72,12 +73,22 @@ func (DailySales) Queue(b *pgx.Batch, events []domain.Envelope) error {
 			if err := addMoney(&d.paid, e.Total, "day "+Day(e.At).Format(time.DateOnly)+" "+e.Currency+" paid_amount"); err != nil {
 				return err
 			}
+		case domain.TypeOrderRefunded:
+			e, err := decodeData[domain.OrderRefunded](env)
+			if err != nil {
+				return err
+			}
+			d := delta(env.TenantID, e.RefundedAt, e.Currency)
+			if err := addMoney(&d.refunded, e.Amount, "day "+Day(e.RefundedAt).Format(time.DateOnly)+" "+e.Currency+" refunded_amount"); err != nil {
+				return err
+			}
 		case domain.TypeOrderCancelled:
 			e, err := decodeData[domain.OrderCancelled](env)
 			if err != nil {
 				return err
 			}
-			if e.Refunded > 0 {
+			if e.Refunded > 0 { // only events written before refunds went through the provider
+
 				d := delta(env.TenantID, e.At, e.Currency)
 				if err := addMoney(&d.refunded, e.Refunded, "day "+Day(e.At).Format(time.DateOnly)+" "+e.Currency+" refunded_amount"); err != nil {
 					return err

@@ -55,7 +55,7 @@ func orderEvents(t *testing.T, tenant, customer string) []domain.Envelope {
 		envs = append(envs, env)
 	}
 	add(created, nil)
-	add(o.Pay(now.Add(time.Second)))
+	add(legacyPay(&o, now.Add(time.Second)))
 	add(o.Ship(now.Add(2 * time.Second)))
 	return envs
 }

@@ -31,7 +31,7 @@ func lifecycleEvents(t *testing.T, customer string) []domain.Envelope {
 		envs = append(envs, env)
 	}
 	add(created)
-	paid, err := o.Pay(now.Add(time.Second))
+	paid, err := legacyPay(&o, now.Add(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

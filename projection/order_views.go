@@ -32,8 +32,27 @@ FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::json
      AS v(tenant_id, order_id, customer_id, status, currency, items, total, version, created_at)
 ON CONFLICT (tenant_id, order_id) DO NOTHING`
 
+	// orderViewPaidSQL: a legacy order.paid (no charge id) leaves payment as is.
 	orderViewPaidSQL = `
-UPDATE order_views SET status = $3, paid_at = $4, version = $5, updated_at = $4
+UPDATE order_views SET status = $3, paid_at = $4, version = $5, updated_at = $4,
+    payment = payment || $6::jsonb
+WHERE tenant_id = $1 AND order_id = $2`
+
+	orderViewPaymentRequestedSQL = `
+UPDATE order_views SET status = $3, payment = $4, version = $5, updated_at = $6
+WHERE tenant_id = $1 AND order_id = $2`
+
+	orderViewPaymentFailedSQL = `
+UPDATE order_views SET status = $3, version = $4, updated_at = $5,
+    payment = payment || $6::jsonb
+WHERE tenant_id = $1 AND order_id = $2`
+
+	orderViewRefundRequestedSQL = `
+UPDATE order_views SET refund = $3, version = $4, updated_at = $5
+WHERE tenant_id = $1 AND order_id = $2`
+
+	orderViewRefundSettledSQL = `
+UPDATE order_views SET version = $3, updated_at = $4, refund = refund || $5::jsonb
 WHERE tenant_id = $1 AND order_id = $2`
 
 	orderViewShippedSQL = `
@@ -84,7 +103,52 @@ func (OrderViews) Queue(b *pgx.Batch, events []domain.Envelope) error {
 			if err != nil {
 				return err
 			}
-			updates = append(updates, func() { queueOne(b, env, orderViewPaidSQL, t, id, e.Status, e.At, v) })
+			updates = append(updates, func() {
+				queueOne(b, env, orderViewPaidSQL, t, id, e.Status, e.At, v, jsonPatch("charge_id", e.ChargeID))
+			})
+		case domain.TypePaymentRequested:
+			e, err := decodeData[domain.PaymentRequested](env)
+			if err != nil {
+				return err
+			}
+			at := e.At
+			p := domain.Payment{Attempt: e.Attempt, Key: e.PaymentKey, Method: e.PaymentMethod, RequestedAt: &at}
+			updates = append(updates, func() { queueOne(b, env, orderViewPaymentRequestedSQL, t, id, e.Status, p, v, e.At) })
+		case domain.TypeOrderPaymentFailed:
+			e, err := decodeData[domain.OrderPaymentFailed](env)
+			if err != nil {
+				return err
+			}
+			updates = append(updates, func() {
+				queueOne(b, env, orderViewPaymentFailedSQL, t, id, e.Status, v, e.At,
+					jsonPatch("decline_code", e.DeclineCode, "failure_reason", e.Reason, "failed_at", e.At))
+			})
+		case domain.TypeRefundRequested:
+			e, err := decodeData[domain.RefundRequested](env)
+			if err != nil {
+				return err
+			}
+			at := e.At
+			r := domain.Refund{Status: domain.RefundPending, Attempt: e.Attempt, Key: e.RefundKey, RequestedAt: &at}
+			updates = append(updates, func() { queueOne(b, env, orderViewRefundRequestedSQL, t, id, r, v, e.At) })
+		case domain.TypeOrderRefunded:
+			e, err := decodeData[domain.OrderRefunded](env)
+			if err != nil {
+				return err
+			}
+			updates = append(updates, func() {
+				queueOne(b, env, orderViewRefundSettledSQL, t, id, v, e.RefundedAt,
+					jsonPatch("status", string(domain.RefundSucceeded), "id", e.RefundID, "settled_at", e.RefundedAt))
+			})
+		case domain.TypeOrderRefundFailed:
+			e, err := decodeData[domain.OrderRefundFailed](env)
+			if err != nil {
+				return err
+			}
+			updates = append(updates, func() {
+				queueOne(b, env, orderViewRefundSettledSQL, t, id, v, e.At,
+					jsonPatch("status", string(domain.RefundFailed), "failure_reason", e.Reason, "settled_at", e.At))
+			})
 		case domain.TypeOrderShipped:
 			e, err := decodeData[domain.OrderShipped](env)
 			if err != nil {
@@ -114,6 +178,20 @@ func (OrderViews) Queue(b *pgx.Batch, events []domain.Envelope) error {
 		queue()
 	}
 	return nil
+}
+
+// jsonPatch builds a JSON object from name, value pairs to merge into a
+// stored domain.Payment or domain.Refund, leaving out empty strings as those
+// types' JSON (omitempty) does, so view and order compare equal.
+func jsonPatch(kv ...any) map[string]any {
+	m := make(map[string]any, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		if s, ok := kv[i+1].(string); ok && s == "" {
+			continue
+		}
+		m[kv[i].(string)] = kv[i+1]
+	}
+	return m
 }
 
 // queueOne queues an update that must hit exactly the event's view row.

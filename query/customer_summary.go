@@ -29,7 +29,9 @@ type GetCustomerSummary struct {
 }
 
 // CustomerSummary is a customer's orders by current status, money paid and
-// refunded per currency, and when the last order was placed.
+// refunded per currency (paid: charges the provider confirmed, order.paid;
+// refunded: refunds it confirmed, order.refunded), and when the last order
+// was placed.
 type CustomerSummary struct {
 	CustomerID  string
 	ByStatus    map[domain.Status]int64
@@ -58,7 +60,8 @@ func NewGetCustomerSummaryHandler(db Querier, changes *Changes) GetCustomerSumma
 
 const (
 	customerSummaryGetSQL = `
-SELECT currency, orders_pending, orders_paid, orders_shipped, orders_cancelled, total_paid, total_refunded, last_order_at
+SELECT currency, orders_pending, orders_payment_pending, orders_payment_failed, orders_paid, orders_shipped, orders_cancelled,
+       total_paid, total_refunded, last_order_at
 FROM customer_summaries
 WHERE tenant_id = $1 AND customer_id = $2
 ORDER BY currency`
@@ -86,12 +89,15 @@ func (h GetCustomerSummaryHandler) Handle(ctx context.Context, q GetCustomerSumm
 	s := CustomerSummary{CustomerID: q.CustomerID, ByStatus: map[domain.Status]int64{}}
 	rows, _ := h.db.Query(ctx, customerSummaryGetSQL, q.TenantID, q.CustomerID)
 	var (
-		t                                 CurrencyTotals
-		pending, paid, shipped, cancelled int64
-		last                              *time.Time
+		t                        CurrencyTotals
+		pending, paying, failed  int64
+		paid, shipped, cancelled int64
+		last                     *time.Time
 	)
-	_, err := pgx.ForEachRow(rows, []any{&t.Currency, &pending, &paid, &shipped, &cancelled, &t.Paid, &t.Refunded, &last}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&t.Currency, &pending, &paying, &failed, &paid, &shipped, &cancelled, &t.Paid, &t.Refunded, &last}, func() error {
 		s.ByStatus[domain.StatusPending] += pending
+		s.ByStatus[domain.StatusPaymentPending] += paying
+		s.ByStatus[domain.StatusPaymentFailed] += failed
 		s.ByStatus[domain.StatusPaid] += paid
 		s.ByStatus[domain.StatusShipped] += shipped
 		s.ByStatus[domain.StatusCancelled] += cancelled

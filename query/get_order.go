@@ -45,7 +45,7 @@ func NewGetOrderHandler(db Querier, changes *Changes) GetOrderHandler {
 }
 
 const orderViewColumns = `order_id, tenant_id, customer_id, status, currency, items, total, version, created_at, updated_at,
-       paid_at, shipped_at, cancelled_at, cancel_reason, shipping_address, note`
+       paid_at, shipped_at, cancelled_at, cancel_reason, shipping_address, note, payment, refund`
 
 const orderViewGetSQL = `SELECT ` + orderViewColumns + ` FROM order_views WHERE tenant_id = $1 AND order_id = $2`
 
@@ -80,6 +80,6 @@ func (h GetOrderHandler) get(ctx context.Context, q GetOrder) (domain.Order, err
 func scanOrder(row pgx.Row) (domain.Order, error) {
 	var o domain.Order
 	err := row.Scan(&o.ID, &o.TenantID, &o.CustomerID, &o.Status, &o.Currency, &o.Items, &o.Total, &o.Version,
-		&o.CreatedAt, &o.UpdatedAt, &o.PaidAt, &o.ShippedAt, &o.CancelledAt, &o.CancelReason, &o.ShippingAddress, &o.Note)
+		&o.CreatedAt, &o.UpdatedAt, &o.PaidAt, &o.ShippedAt, &o.CancelledAt, &o.CancelReason, &o.ShippingAddress, &o.Note, &o.Payment, &o.Refund)
 	return o.UTC(), err
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/internal/app"
@@ -289,7 +290,7 @@ func TestExpiredKeyRetryPointsAtTheExistingOrder(t *testing.T) {
 // NOTIFY) until the read model has it.
 func TestReadYourWrites(t *testing.T) {
 	t.Parallel()
-	_, api, token := startStack(t)
+	env, api, token := startStack(t)
 
 	created := call(t, http.MethodPost, api+"/v1/orders", token, "ryw-1", orderBody("c-ryw"))
 	var o struct {
@@ -300,14 +301,21 @@ func TestReadYourWrites(t *testing.T) {
 	if err := json.Unmarshal([]byte(created.body), &o); err != nil || created.status != 201 {
 		t.Fatalf("create: %d %s", created.status, created.body)
 	}
-	paid := call(t, http.MethodPost, api+"/v1/orders/"+o.ID+"/pay", token, "ryw-pay", "")
-	if err := json.Unmarshal([]byte(paid.body), &o); err != nil || paid.status != 200 || o.Version != 2 {
-		t.Fatalf("pay: %d %s", paid.status, paid.body)
+	paying := call(t, http.MethodPost, api+"/v1/orders/"+o.ID+"/pay", token, "ryw-pay", "")
+	if err := json.Unmarshal([]byte(paying.body), &o); err != nil || paying.status != 202 || o.Version != 2 {
+		t.Fatalf("pay: %d %s", paying.status, paying.body)
 	}
-
 	view := call(t, http.MethodGet, fmt.Sprintf("%s/v1/orders/%s?min_version=%d", api, o.ID, o.Version), token, "", "")
-	if view.status != 200 || view.body != paid.body || view.header.Get("ETag") != `"2"` {
-		t.Fatalf("GET ?min_version=2: %d %s; want the paid order", view.status, view.body)
+	if view.status != 200 || view.body != paying.body || view.header.Get("ETag") != `"2"` {
+		t.Fatalf("GET ?min_version=2: %d %s; want the payment_pending order", view.status, view.body)
+	}
+	// The payment worker's part (not in this stack): the charge succeeded.
+	pool := testenv.Pool(t, env["DATABASE_URL"])
+	paid := testenv.SettlePayment(t, pool, uuid.MustParse(o.ID), true)
+	o.Version = paid.Version
+	view = call(t, http.MethodGet, fmt.Sprintf("%s/v1/orders/%s?min_version=%d", api, o.ID, o.Version), token, "", "")
+	if view.status != 200 || !strings.Contains(view.body, `"status":"paid"`) || view.header.Get("ETag") != `"3"` {
+		t.Fatalf("GET ?min_version=3: %d %s; want the paid order", view.status, view.body)
 	}
 	summary := call(t, http.MethodGet, fmt.Sprintf("%s/v1/customers/c-ryw/summary?min_position=%s:%d", api, o.ID, o.Version), token, "", "")
 	var s struct {

@@ -30,18 +30,19 @@ func TestThreeNodeClusterSurvivesANodeLoss(t *testing.T) {
 	api := start(t, "api", app.RunAPI, env)
 	start(t, "projector", app.RunProjector, env)
 	token := newToken(t, env, "acme")
+	db := testenv.Pool(t, env["DATABASE_URL"])
 
-	workload(t, []string{api}, token, "one-", perPhase, 8, 11)
+	workload(t, db, []string{api}, token, "one-", perPhase, 8, 11)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		workload(t, []string{api}, token, "two-", perPhase, 8, 12)
+		workload(t, db, []string{api}, token, "two-", perPhase, 8, 12)
 	}()
 	time.Sleep(200 * time.Millisecond) // mid-run
 	servers[0].Shutdown()
 	t.Log("node-1 stopped")
 	<-done
-	workload(t, []string{api}, token, "three-", perPhase, 8, 13)
+	workload(t, db, []string{api}, token, "three-", perPhase, 8, 13)
 	converged(t, env, "3-node cluster with one node lost")
 	if n := countRows(t, env, `SELECT count(*) FROM orders`); n != 3*perPhase {
 		t.Fatalf("%d orders, want %d", n, 3*perPhase)

@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/acme/orders/internal/invariant"
 	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/stream"
 )
 
@@ -25,7 +27,7 @@ func TestConvergence(t *testing.T) {
 	env, api, token := startStack(t)
 
 	const orders = 500
-	workload(t, []string{api}, token, "", orders, 8, 42)
+	workload(t, testenv.Pool(t, env["DATABASE_URL"]), []string{api}, token, "", orders, 8, 42)
 
 	converged(t, env, "after the workload")
 	if n := countRows(t, env, `SELECT count(*) FROM orders`); n != orders {
@@ -44,8 +46,11 @@ func TestConvergence(t *testing.T) {
 }
 
 // runPlan creates order i and runs its steps, each retried once with the
-// same key (the retry must replay exactly).
-func runPlan(t *testing.T, api, token, prefix string, i int, currency string, steps []string) error {
+// same key (the retry must replay exactly). A pay step that started a
+// payment (202) is settled at once with a succeeded charge through
+// testenv.SettlePayment, standing in for the payment worker, which this
+// stack does not run.
+func runPlan(t *testing.T, db postgres.DB, api, token, prefix string, i int, currency string, steps []string) error {
 	body := fmt.Sprintf(`{"customer_id":"c-%d","currency":%q,"items":[{"sku":"s-%d","quantity":%d,"unit_price":%d}]}`,
 		i%37, currency, i%5, 1+i%4, 100+i)
 	created := call(t, http.MethodPost, api+"/v1/orders", token, fmt.Sprintf("%screate-%d", prefix, i), body)
@@ -81,6 +86,11 @@ func runPlan(t *testing.T, api, token, prefix string, i int, currency string, st
 			if err := json.Unmarshal([]byte(first.body), &o); err != nil {
 				return err
 			}
+		case first.status == http.StatusAccepted && step == "pay":
+			if err := json.Unmarshal([]byte(first.body), &o); err != nil {
+				return err
+			}
+			o.Version = testenv.SettlePayment(t, db, uuid.MustParse(o.ID), true).Version
 		case first.status == http.StatusConflict && step == "cancel": // a shipped order
 		default:
 			return fmt.Errorf("order %d %s: %d %s", i, step, first.status, first.body)

@@ -17,11 +17,13 @@ import (
 
 	"github.com/acme/orders/internal/app"
 	"github.com/acme/orders/internal/invariant"
+	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/postgres"
 )
 
 // workload runs n orders with random plans through the given api servers,
 // `workers` at a time.
-func workload(t *testing.T, apis []string, token, prefix string, n, workers int, seed uint64) {
+func workload(t *testing.T, db postgres.DB, apis []string, token, prefix string, n, workers int, seed uint64) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 1))
 	plans := make([][]string, n)
@@ -38,7 +40,7 @@ func workload(t *testing.T, apis []string, token, prefix string, n, workers int,
 	for w := range workers {
 		wg.Go(func() {
 			for i := range work {
-				errs <- runPlan(t, apis[(i+w)%len(apis)], token, prefix, i, currencies[i%3], plans[i])
+				errs <- runPlan(t, db, apis[(i+w)%len(apis)], token, prefix, i, currencies[i%3], plans[i])
 			}
 		})
 	}
@@ -119,7 +121,7 @@ func TestScaledOutPipelineConverges(t *testing.T) {
 	token := newToken(t, env, "acme")
 
 	began := time.Now()
-	workload(t, apis, token, "", 2000, 16, 2000)
+	workload(t, testenv.Pool(t, env["DATABASE_URL"]), apis, token, "", 2000, 16, 2000)
 	t.Logf("2,000 orders with their lifecycles in %s", time.Since(began).Round(time.Millisecond))
 	converged(t, env, "2,000 orders, 2 relays, 3 projectors")
 
@@ -155,7 +157,7 @@ func TestRebuildDuringLiveLoad(t *testing.T) {
 	t.Parallel()
 	env, api, token := startStack(t)
 
-	workload(t, []string{api}, token, "before-", 300, 8, 1)
+	workload(t, testenv.Pool(t, env["DATABASE_URL"]), []string{api}, token, "before-", 300, 8, 1)
 	converged(t, env, "before the rebuild")
 	conn, err := pgx.Connect(context.Background(), env["DATABASE_URL"])
 	if err != nil {
@@ -167,7 +169,7 @@ func TestRebuildDuringLiveLoad(t *testing.T) {
 	}
 
 	var wg sync.WaitGroup
-	wg.Go(func() { workload(t, []string{api}, token, "during-", 300, 4, 2) })
+	wg.Go(func() { workload(t, testenv.Pool(t, env["DATABASE_URL"]), []string{api}, token, "during-", 300, 4, 2) })
 	for _, name := range []string{"customer_summaries", "order_views"} {
 		var out bytes.Buffer
 		err := app.RunProjector(context.Background(), []string{"projector", "rebuild", name}, func(k string) string { return env[k] }, &out)
@@ -184,7 +186,7 @@ func TestRebuildDuringLiveLoad(t *testing.T) {
 func TestProjectorCommands(t *testing.T) {
 	t.Parallel()
 	env, api, token := startStack(t)
-	workload(t, []string{api}, token, "", 20, 4, 3)
+	workload(t, testenv.Pool(t, env["DATABASE_URL"]), []string{api}, token, "", 20, 4, 3)
 	converged(t, env, "before the commands")
 
 	run := func(args ...string) (string, error) {

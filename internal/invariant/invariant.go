@@ -36,6 +36,12 @@ type check struct {
 	sql  string
 }
 
+// refundedOrder is the condition of an order whose money was refunded: the
+// provider confirmed its refund, or (orders cancelled before refunds went
+// through the provider, refund '{}') it was paid and cancelled.
+const refundedOrder = `paid_at IS NOT NULL AND cancelled_at IS NOT NULL
+    AND (refund->>'status' = 'succeeded' OR refund = '{}'::jsonb)`
+
 var checks = []check{
 	{"every committed event is published", `
 SELECT format('outbox event %s (%s v%s) not published', id, event_type, aggregate_version)
@@ -67,14 +73,14 @@ LIMIT 5`},
 WITH expected AS (
     SELECT o.tenant_id, o.id AS order_id, o.customer_id, o.status, o.currency, o.total, o.version,
            o.created_at, o.updated_at, o.paid_at, o.shipped_at, o.cancelled_at, o.cancel_reason,
-           o.shipping_address, o.note,
+           o.shipping_address, o.note, o.payment, o.refund,
            (SELECT jsonb_agg(jsonb_build_object('sku', i.sku, 'quantity', i.quantity, 'unit_price', i.unit_price,
                                                 'line_total', i.line_total) ORDER BY i.line_no)
             FROM order_items i WHERE i.tenant_id = o.tenant_id AND i.order_id = o.id) AS items
     FROM orders o),
 actual AS (
     SELECT tenant_id, order_id, customer_id, status, currency, total, version, created_at, updated_at,
-           paid_at, shipped_at, cancelled_at, cancel_reason, shipping_address, note, items
+           paid_at, shipped_at, cancelled_at, cancel_reason, shipping_address, note, payment, refund, items
     FROM order_views)
 SELECT format('order %s: view %s, order %s', coalesce(e.order_id, a.order_id),
               CASE WHEN a.order_id IS NULL THEN 'missing' ELSE to_jsonb(a)::text END,
@@ -86,26 +92,30 @@ LIMIT 5`},
 	{"customer summaries equal sums over the orders", `
 WITH expected AS (
     SELECT tenant_id, customer_id, currency,
-           count(*) FILTER (WHERE status = 'pending')   AS orders_pending,
-           count(*) FILTER (WHERE status = 'paid')      AS orders_paid,
-           count(*) FILTER (WHERE status = 'shipped')   AS orders_shipped,
-           count(*) FILTER (WHERE status = 'cancelled') AS orders_cancelled,
+           count(*) FILTER (WHERE status = 'pending')         AS orders_pending,
+           count(*) FILTER (WHERE status = 'payment_pending') AS orders_payment_pending,
+           count(*) FILTER (WHERE status = 'payment_failed')  AS orders_payment_failed,
+           count(*) FILTER (WHERE status = 'paid')            AS orders_paid,
+           count(*) FILTER (WHERE status = 'shipped')         AS orders_shipped,
+           count(*) FILTER (WHERE status = 'cancelled')       AS orders_cancelled,
            coalesce(sum(total) FILTER (WHERE paid_at IS NOT NULL), 0) AS total_paid,
-           coalesce(sum(total) FILTER (WHERE paid_at IS NOT NULL AND cancelled_at IS NOT NULL), 0) AS total_refunded,
+           coalesce(sum(total) FILTER (WHERE ` + refundedOrder + `), 0) AS total_refunded,
            max(created_at) AS last_order_at
     FROM orders GROUP BY tenant_id, customer_id, currency),
 actual AS (
-    SELECT tenant_id, customer_id, currency::text, orders_pending, orders_paid, orders_shipped, orders_cancelled,
-           total_paid, total_refunded, last_order_at
+    SELECT tenant_id, customer_id, currency::text, orders_pending, orders_payment_pending, orders_payment_failed,
+           orders_paid, orders_shipped, orders_cancelled, total_paid, total_refunded, last_order_at
     FROM customer_summaries)
 SELECT format('customer %s/%s/%s: summary %s, orders say %s', coalesce(e.tenant_id, a.tenant_id),
               coalesce(e.customer_id, a.customer_id), coalesce(e.currency::text, a.currency),
               coalesce(to_jsonb(a)::text, 'missing'), coalesce(to_jsonb(e)::text, 'missing'))
 FROM expected e FULL JOIN actual a
   ON a.tenant_id = e.tenant_id AND a.customer_id = e.customer_id AND a.currency = e.currency::text
-WHERE (e.orders_pending, e.orders_paid, e.orders_shipped, e.orders_cancelled, e.total_paid, e.total_refunded, e.last_order_at)
+WHERE (e.orders_pending, e.orders_payment_pending, e.orders_payment_failed, e.orders_paid, e.orders_shipped,
+       e.orders_cancelled, e.total_paid, e.total_refunded, e.last_order_at)
       IS DISTINCT FROM
-      (a.orders_pending, a.orders_paid, a.orders_shipped, a.orders_cancelled, a.total_paid, a.total_refunded, a.last_order_at)
+      (a.orders_pending, a.orders_payment_pending, a.orders_payment_failed, a.orders_paid, a.orders_shipped,
+       a.orders_cancelled, a.total_paid, a.total_refunded, a.last_order_at)
 LIMIT 5`},
 
 	{"daily sales equal sums over the orders", `
@@ -116,8 +126,9 @@ WITH facts AS (
     SELECT tenant_id, (paid_at AT TIME ZONE 'UTC')::date, currency::text, 0, total, 0
     FROM orders WHERE paid_at IS NOT NULL
     UNION ALL
-    SELECT tenant_id, (cancelled_at AT TIME ZONE 'UTC')::date, currency::text, 0, 0, total
-    FROM orders WHERE paid_at IS NOT NULL AND cancelled_at IS NOT NULL),
+    SELECT tenant_id, (coalesce((refund->>'settled_at')::timestamptz, cancelled_at) AT TIME ZONE 'UTC')::date,
+           currency::text, 0, 0, total
+    FROM orders WHERE ` + refundedOrder + `),
 expected AS (
     SELECT tenant_id, day, currency, sum(orders)::bigint AS orders, sum(paid) AS paid_amount,
            sum(refunded) AS refunded_amount -- numeric: exact past 2^63, like the read model
@@ -129,6 +140,32 @@ SELECT format('sales %s/%s/%s: report %s, orders say %s', coalesce(e.tenant_id, 
               coalesce(to_jsonb(a)::text, 'missing'), coalesce(to_jsonb(e)::text, 'missing'))
 FROM expected e FULL JOIN actual a ON a.tenant_id = e.tenant_id AND a.day = e.day AND a.currency = e.currency
 WHERE (e.orders, e.paid_amount, e.refunded_amount) IS DISTINCT FROM (a.orders, a.paid_amount, a.refunded_amount)
+LIMIT 5`},
+
+	// Our own records of the provider's outcomes (the provider's ledger is
+	// compared by the fault suite): an order charged through the provider
+	// (payment attempt ≥ 1) is paid exactly when it has one succeeded
+	// charge row, for its total and currency, with the charge id it shows.
+	{"every paid order has exactly one succeeded charge, and no other order has one", `
+SELECT format('order %s (%s, paid_at %s, charge %s): %s succeeded charge rows %s',
+              o.id, o.status, o.paid_at, o.payment->>'charge_id', count(p.*), coalesce(string_agg(p.provider_id || ' ' || p.amount || ' ' || p.currency, ', '), ''))
+FROM orders o
+LEFT JOIN payments p ON p.tenant_id = o.tenant_id AND p.order_id = o.id AND p.kind = 'charge' AND p.status = 'succeeded'
+WHERE (o.payment->>'attempt')::int >= 1
+GROUP BY o.tenant_id, o.id
+HAVING count(p.*) <> (CASE WHEN o.paid_at IS NOT NULL THEN 1 ELSE 0 END)
+    OR (o.paid_at IS NOT NULL AND (min(p.provider_id) <> o.payment->>'charge_id'
+        OR min(p.amount) <> o.total OR min(p.currency) <> o.currency))
+LIMIT 5`},
+
+	{"every refunded order has exactly one succeeded refund of its total, and no other order has one", `
+SELECT format('order %s (refund %s): %s succeeded refund rows', o.id, o.refund->>'status', count(p.*))
+FROM orders o
+LEFT JOIN payments p ON p.tenant_id = o.tenant_id AND p.order_id = o.id AND p.kind = 'refund' AND p.status = 'succeeded'
+WHERE (o.refund->>'attempt')::int >= 1
+GROUP BY o.tenant_id, o.id
+HAVING count(p.*) <> (CASE WHEN o.refund->>'status' = 'succeeded' THEN 1 ELSE 0 END)
+    OR (o.refund->>'status' = 'succeeded' AND (min(p.provider_id) <> o.refund->>'id' OR min(p.amount) <> o.total))
 LIMIT 5`},
 }
 

@@ -1,0 +1,179 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/internal/testenv"
+)
+
+// charge records the payment worker's outcome of an order's current
+// payment attempt (succeeded, or declined), as the worker will.
+func (a api) charge(tb testing.TB, orderID string, ok bool) domain.Order {
+	tb.Helper()
+	return testenv.SettlePayment(tb, a.db, uuid.MustParse(orderID), ok)
+}
+
+type payOut struct {
+	orderOut
+	Payment *struct {
+		Attempt     int    `json:"attempt"`
+		Method      string `json:"payment_method"`
+		ChargeID    string `json:"charge_id"`
+		DeclineCode string `json:"decline_code"`
+	} `json:"payment"`
+	Refund string `json:"refund"`
+}
+
+func decodePay(t *testing.T, r response) payOut {
+	t.Helper()
+	var o payOut
+	if err := json.Unmarshal(r.body, &o); err != nil {
+		t.Fatalf("order JSON %s: %v", r.body, err)
+	}
+	return o
+}
+
+func TestPayOverHTTP(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	created := decodeOrder(t, a.post(t, "create", validBody))
+	path := "/v1/orders/" + created.ID
+	pay := func(key, body string) response {
+		return a.do(t, http.MethodPost, path+"/pay", map[string]string{"Idempotency-Key": key}, body)
+	}
+	requests := func() int {
+		var n int
+		if err := a.db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE event_type = 'payment.requested'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// Bad input writes nothing: a malformed payment method, a body pay does not take.
+	keys, orders, _, events := a.counts(t)
+	for _, tt := range []struct {
+		body   string
+		status int
+		typ    string
+	}{
+		{`{"payment_method":"visa"}`, 422, "validation-failed"},
+		{`{"payment_method":""}`, 422, "validation-failed"},
+		{`{"payment_method":"pm_` + strings.Repeat("x", 65) + `"}`, 422, "validation-failed"},
+		{`{"payment_method":"pm_card visa"}`, 422, "validation-failed"},
+		{`{"payment_method":7}`, 400, "malformed-request"},
+		{`{"amount":100}`, 400, "malformed-request"},
+	} {
+		r := pay("bad-"+tt.body, tt.body)
+		p := decodeProblem(t, r)
+		if r.status != tt.status || !strings.HasSuffix(p.Type, tt.typ) || r.header.Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("pay %s: %d %s; want %d %s", tt.body, r.status, r.body, tt.status, tt.typ)
+		}
+		if tt.status == 422 && (len(p.Errors) != 1 || p.Errors[0].Field != "payment_method") {
+			t.Fatalf("pay %s: errors %+v; want payment_method named", tt.body, p.Errors)
+		}
+	}
+	if k, o, _, e := a.counts(t); k != keys || o != orders || e != events {
+		t.Fatalf("bad input wrote rows: keys %d→%d, outbox %d→%d", keys, k, events, e)
+	}
+	if r := a.do(t, http.MethodPost, path+"/ship", map[string]string{"Idempotency-Key": "ship-body"}, `{"carrier":"ups"}`); r.status != 400 {
+		t.Fatalf("a body on ship: %d %s", r.status, r.body)
+	}
+
+	// Attempt 1 with a method that declines: 202, Location, payment_pending.
+	first := pay("pay-1", `{"payment_method":"pm_card_chargeDeclined"}`)
+	if o := decodePay(t, first); first.status != 202 || first.header.Get("Location") != path || o.Status != "payment_pending" ||
+		o.Payment == nil || o.Payment.Attempt != 1 || o.Payment.Method != "pm_card_chargeDeclined" {
+		t.Fatalf("pay: %d %s", first.status, first.body)
+	}
+	// Another key on the same order: no second attempt, 200 with the order as it is.
+	if r := pay("pay-other-client", ""); r.status != 200 || decodePay(t, r).Payment.Attempt != 1 || requests() != 1 {
+		t.Fatalf("second pay with another key: %d %s, %d payment requests", r.status, r.body, requests())
+	}
+	// Cancelling while the charge may be in flight is refused.
+	if r := a.do(t, http.MethodPost, path+"/cancel", map[string]string{"Idempotency-Key": "cancel-early"}, `{"reason":"too slow"}`); r.status != 409 ||
+		!strings.Contains(string(r.body), `"current_status":"payment_pending"`) {
+		t.Fatalf("cancel of a payment_pending order: %d %s", r.status, r.body)
+	}
+
+	// Declined: payment_failed; paying again starts attempt 2 with a new key.
+	if o := a.charge(t, created.ID, false); o.Status != domain.StatusPaymentFailed {
+		t.Fatalf("declined: %s", o.Status)
+	}
+	second := pay("pay-2", "")
+	if o := decodePay(t, second); second.status != 202 || o.Payment.Attempt != 2 || o.Payment.Method != domain.DefaultPaymentMethod || requests() != 2 {
+		t.Fatalf("pay after a decline: %d %s", second.status, second.body)
+	}
+	var k1, k2 string
+	if err := a.db.QueryRow(context.Background(), `SELECT min(payload->'data'->>'payment_key'), max(payload->'data'->>'payment_key')
+FROM outbox WHERE event_type = 'payment.requested'`).Scan(&k1, &k2); err != nil {
+		t.Fatal(err)
+	}
+	if k1 == k2 || !strings.HasSuffix(k1, ":charge:1") || !strings.HasSuffix(k2, ":charge:2") {
+		t.Fatalf("payment keys %q, %q: want one per attempt", k1, k2)
+	}
+
+	// Charged: paid; pay is a 200 no-op.
+	if o := a.charge(t, created.ID, true); o.Status != domain.StatusPaid {
+		t.Fatalf("charged: %s", o.Status)
+	}
+	if r := pay("pay-3", ""); r.status != 200 || decodePay(t, r).Status != "paid" || requests() != 2 {
+		t.Fatalf("pay of a paid order: %d %s", r.status, r.body)
+	}
+
+	// Cancel of a paid order: cancelled at once, refund pending, two events.
+	_, _, _, before := a.counts(t)
+	c := a.do(t, http.MethodPost, path+"/cancel", map[string]string{"Idempotency-Key": "cancel-1"}, `{"reason":"changed my mind"}`)
+	if o := decodePay(t, c); c.status != 200 || o.Status != "cancelled" || o.Refund != "pending" || o.Version != 7 {
+		t.Fatalf("cancel of a paid order: %d %s", c.status, c.body)
+	}
+	if _, _, _, after := a.counts(t); after != before+2 {
+		t.Fatalf("cancel of a paid order wrote %d events, want 2 (order.cancelled, refund.requested)", after-before)
+	}
+	// Paying a cancelled order: 409, nothing written.
+	_, _, _, before = a.counts(t)
+	if r := pay("pay-4", ""); r.status != 409 || !strings.Contains(string(r.body), `"current_status":"cancelled"`) {
+		t.Fatalf("pay of a cancelled order: %d %s", r.status, r.body)
+	}
+	if _, _, _, after := a.counts(t); after != before {
+		t.Fatal("paying a cancelled order wrote events")
+	}
+}
+
+// Clients racing to pay one order under different keys make one payment
+// attempt: exactly one gets 202, the others 200 with the order as it is.
+func TestConcurrentPayMakesOneAttempt(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	const clients = 8
+	statuses := make(chan int, clients)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			r := a.do(t, http.MethodPost, "/v1/orders/"+id+"/pay", map[string]string{"Idempotency-Key": fmt.Sprintf("racer-%d", i)}, "")
+			statuses <- r.status
+		})
+	}
+	wg.Wait()
+	close(statuses)
+	got := map[int]int{}
+	for s := range statuses {
+		got[s]++
+	}
+	if got[202] != 1 || got[200] != clients-1 {
+		t.Fatalf("statuses %v; want one 202 and %d × 200", got, clients-1)
+	}
+	var n int
+	if err := a.db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE event_type = 'payment.requested'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d payment.requested events (%v), want 1", n, err)
+	}
+}

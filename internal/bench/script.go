@@ -73,7 +73,7 @@ func applyScript(name string, n int) (string, error) {
 	case "customer_summaries":
 		statements = append(statements, bind(projection.CustomerSummariesUpsertSQL, arr("'bench'", "text"), arr("'c-' || (:n::bigint % 1000) || '-' || g", "text"),
 			arr("'EUR'", "text"), ones, arr("0", "bigint"), arr("0", "bigint"), arr("0", "bigint"), arr("0", "bigint"), arr("0", "bigint"),
-			arr("now()", "timestamptz")))
+			arr("now()", "timestamptz"), arr("0", "bigint"), arr("0", "bigint")))
 	case "daily_sales":
 		statements = append(statements, bind(projection.DailySalesUpsertSQL, arr("'bench'", "text"), arr("current_date - g", "date"),
 			arr("'EUR'", "text"), ones, arr("0", "bigint"), arr("0", "bigint")))

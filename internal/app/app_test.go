@@ -75,8 +75,10 @@ func newEnv(t *testing.T) map[string]string {
 		// These tests drive one tenant as fast as they can: its rate is not
 		// what they test (httpapi's tenant-limit tests and
 		// TestNoisyNeighbour do that).
-		"TENANT_RATE":  "100000",
-		"TENANT_BURST": "100000",
+		"TENANT_RATE":          "100000",
+		"TENANT_BURST":         "100000",
+		"TENANT_MAX_IN_FLIGHT": "511", // one below the global limit (512)
+		"TENANT_MAX_WAITING":   "511",
 	}
 }
 

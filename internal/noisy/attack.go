@@ -26,10 +26,6 @@ type attack struct {
 	name string
 	run  func(ctx context.Context, t *target, report func(status int))
 	shed int
-	// lead is how long the attack runs before the quiet tenant is measured
-	// (default Config.Lead): long enough for it to reach the limit it
-	// attacks.
-	lead time.Duration
 }
 
 // target is what an attack needs: the api's URL, the hostile tenant's
@@ -100,7 +96,6 @@ var attacks = []attack{
 		// tenant's rate so that its 429s come from the key quota.
 		name: "idempotency-key flood",
 		shed: http.StatusTooManyRequests,
-		lead: 8 * time.Second,
 		run: func(ctx context.Context, t *target, report func(int)) {
 			flood(ctx, 10, func() {
 				st, retry := t.post(ctx, "/v1/orders", orderBody("hostile-c"))

@@ -36,26 +36,34 @@ const (
 	// DefaultWarmup is how long the quiet tenant works, unmeasured, before
 	// its baseline: prepared statements, pools and the projector warm up.
 	DefaultWarmup = time.Second
-	// DefaultLead is how long an attack runs before the quiet tenant is
-	// measured, for attacks that need no longer to reach their limit.
+	// DefaultLead is how long an attack runs at least before the quiet
+	// tenant is measured.
 	DefaultLead = 500 * time.Millisecond
+	// DefaultMaxLead is how long an attack runs at most before the quiet
+	// tenant is measured, waiting for the attack's first shed answer.
+	DefaultMaxLead = 20 * time.Second
 )
 
 // APIEnv returns the environment the api must run with for Run's attacks
 // to cross its limits: small enough that they do, large enough for the
 // quiet tenant's paced workload (about 100 requests per second, never more
-// than 2 at once). The key quota is small (1,000 keys per tenant), so give
-// it only to an api that no other workload's tenant uses for long.
+// than 2 at once). Keys live 15 s (the janitor sweeps every 5 s), so that
+// the quiet tenant, storing about 30 keys a second, keeps at most ~600 of
+// its 1,000 whatever the phase length, while the key flood (~150 a second)
+// fills its quota within seconds. Give it only to an api whose tenants do
+// not retry after 15 s: a longer-lived workload needs the default TTL and
+// quota. Expiry is per key, so an api with this environment never expires
+// the keys other apis stored on the same database.
 func APIEnv() map[string]string {
 	return map[string]string{
-		"TENANT_RATE":          "200",
-		"TENANT_BURST":         "50",
-		"TENANT_MAX_IN_FLIGHT": "32",
-		"TENANT_MAX_WAITING":   "8",
-		"BODY_TIMEOUT":         "1s",
-		// The quiet tenant stores about 25 keys a second, at most ~800 in
-		// a run with 3 s phases; the key flood reaches 1,000 in its lead.
-		"IDEMPOTENCY_KEY_QUOTA": "1000",
+		"TENANT_RATE":                  "200",
+		"TENANT_BURST":                 "50",
+		"TENANT_MAX_IN_FLIGHT":         "32",
+		"TENANT_MAX_WAITING":           "8",
+		"BODY_TIMEOUT":                 "1s",
+		"IDEMPOTENCY_KEY_QUOTA":        "1000",
+		"IDEMPOTENCY_TTL":              "15s",
+		"IDEMPOTENCY_JANITOR_INTERVAL": "5s",
 	}
 }
 
@@ -72,10 +80,11 @@ type Config struct {
 	Phase time.Duration
 	// Warmup is the unmeasured work before the baseline (DefaultWarmup).
 	Warmup time.Duration
-	// Lead is how long an attack runs before the quiet tenant is measured
-	// (DefaultLead), unless the attack needs longer (the key flood needs
-	// 8 s to fill APIEnv's key quota).
-	Lead time.Duration
+	// Lead is how long an attack runs at least before the quiet tenant is
+	// measured (DefaultLead); after it, Run waits for the attack's first
+	// shed answer (the key flood needs seconds to fill APIEnv's key
+	// quota), but at most MaxLead (DefaultMaxLead) in all.
+	Lead, MaxLead time.Duration
 	// Logf, if set, gets a line per measured phase.
 	Logf func(format string, args ...any)
 }
@@ -84,6 +93,7 @@ func (c Config) withDefaults() Config {
 	c.Phase = cmp.Or(c.Phase, DefaultPhase)
 	c.Warmup = cmp.Or(c.Warmup, DefaultWarmup)
 	c.Lead = cmp.Or(c.Lead, DefaultLead)
+	c.MaxLead = cmp.Or(c.MaxLead, DefaultMaxLead)
 	if c.Logf == nil {
 		c.Logf = func(string, ...any) {}
 	}
@@ -102,6 +112,8 @@ func (c Config) validate() error {
 		return errors.New("noisy: Config.QuietToken and Config.HostileToken must be tokens of two tenants")
 	case c.Phase < 0, c.Warmup < 0, c.Lead < 0:
 		return fmt.Errorf("noisy: Config.Phase, Warmup and Lead must not be negative, got %s, %s, %s", c.Phase, c.Warmup, c.Lead)
+	case c.MaxLead < c.Lead:
+		return fmt.Errorf("noisy: Config.MaxLead must be at least Lead (%s), got %s", c.Lead, c.MaxLead)
 	}
 	return nil
 }
@@ -111,7 +123,8 @@ func (c Config) validate() error {
 // for an invalid Config or a cancelled ctx. If the quiet tenant fails alone
 // the attacks are not run (the report's Alone says why).
 //
-// The quiet tenant is measured after the attack's lead. A phase over Bound
+// The quiet tenant is measured once the attack is being shed (see
+// Config.Lead). A phase over Bound
 // is measured once more, the attack still running: noise on a shared
 // machine passes the second time, starvation does not.
 func Run(ctx context.Context, cfg Config) (Report, error) {
@@ -150,7 +163,13 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 				mu.Unlock()
 			})
 		})
-		pause(ctx, cmp.Or(a.lead, cfg.Lead)) // let the attack reach its limits
+		// Let the attack reach its limits: at least the lead, then until
+		// its first shed answer (at most MaxLead).
+		pause(ctx, cfg.Lead)
+		shedding := func() bool { mu.Lock(); defer mu.Unlock(); return hostileStatuses[a.shed] > 0 }
+		for deadline := time.Now().Add(cfg.MaxLead - cfg.Lead); !shedding() && time.Now().Before(deadline) && ctx.Err() == nil; {
+			pause(ctx, 50*time.Millisecond)
+		}
 		for res.Attempts < 2 {
 			res.Attempts++
 			res.Quiet = quiet.run(ctx, cfg.Phase)

@@ -75,14 +75,16 @@ migrate: ## Apply database migrations (DATABASE_URL, or the PostgreSQL of `make 
 		DATABASE_URL="$$(scripts/pg.sh url $(RUN_PG_PORT))" go run ./cmd/api migrate; \
 	fi
 
-# SEED unset: the suite picks one and prints it.
+# SEED unset: the suite picks one and prints it. NOISY_PHASE: each measured
+# phase of the noisy-neighbour run before the faults.
 DURATION ?= 3m
+NOISY_PHASE ?= 15s
 
-faults: ## Fault suite: crashes, restarts, network faults under load, then the invariant check (SEED=…, DURATION=3m)
-	@go run ./cmd/faults $(if $(SEED),-seed $(SEED)) -duration $(DURATION)
+faults: ## Fault suite: noisy neighbour, then crashes, restarts, network faults under load, then the invariant check (SEED=…, DURATION=3m, NOISY_PHASE=15s)
+	@go run ./cmd/faults $(if $(SEED),-seed $(SEED)) -duration $(DURATION) -noisy-phase $(NOISY_PHASE)
 
-faults-short: ## A short fault-suite run (45 s of faults; part of CI)
-	@go run ./cmd/faults $(if $(SEED),-seed $(SEED)) -duration 45s -every 2s -dir .local/faults-short
+faults-short: ## A short fault-suite run (3 s noisy-neighbour phases, 45 s of faults; part of CI)
+	@go run ./cmd/faults $(if $(SEED),-seed $(SEED)) -duration 45s -every 2s -noisy-phase 3s -dir .local/faults-short
 
 CLUSTER_DIR  := .local/cluster
 CLUSTER_PORT := 14250

@@ -1,10 +1,11 @@
 // Command faults runs the fault-injection suite (internal/faults): the real
 // api and projector binaries, PostgreSQL and nats-server as separate
 // processes, careful clients, a seeded schedule of crashes, restarts and
-// network faults, and an invariant check after the system drained. It
+// network faults, and an invariant check after the system drained; before
+// the faults, a noisy-neighbour run (internal/noisy) on the healthy system. It
 // prints a one-screen report and exits 1 on any violation.
 //
-//	go run ./cmd/faults -seed 42 -duration 3m
+//	go run ./cmd/faults -seed 42 -duration 3m -noisy-phase 15s
 package main
 
 import (
@@ -28,6 +29,7 @@ func main() {
 	every := flag.Duration("every", 3*time.Second, "mean time between faults")
 	clients := flag.Int("clients", 8, "concurrent clients")
 	dir := flag.String("dir", ".local/faults", "state directory (wiped first)")
+	noisyPhase := flag.Duration("noisy-phase", faults.DefaultNoisyPhase, "each measured phase of the noisy-neighbour run before the faults (alone, then under each attack)")
 	flag.Parse()
 	root, err := os.Getwd()
 	if err != nil {
@@ -36,7 +38,7 @@ func main() {
 	}
 	rep, err := faults.Run(ctx, faults.Config{
 		Seed: *seed, Duration: *duration, Every: *every, Clients: *clients,
-		Root: root, Dir: filepath.Join(root, *dir),
+		Root: root, Dir: filepath.Join(root, *dir), NoisyPhase: *noisyPhase,
 	}, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "faults: the run could not be carried out:", err)

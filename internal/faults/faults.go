@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/acme/orders/internal/noisy"
 	"github.com/acme/orders/stream"
 )
 
@@ -36,6 +37,10 @@ type Config struct {
 	Every time.Duration
 	// Root is the repository; Dir the state directory (wiped first).
 	Root, Dir string
+	// NoisyPhase is each measured phase of the noisy-neighbour run that
+	// precedes the faults (DefaultNoisyPhase if zero): the quiet tenant
+	// alone, then under each of internal/noisy's attacks.
+	NoisyPhase time.Duration
 }
 
 // Kinds are every fault the suite injects; each run injects each at least
@@ -63,7 +68,9 @@ type Report struct {
 	Succeeded, Refused, GaveUp, Retries int
 	Faults                              map[string]int
 	Drain                               time.Duration
-	Violations                          []string
+	// Noisy is the noisy-neighbour run before the faults.
+	Noisy      noisy.Report
+	Violations []string
 }
 
 // Run runs the suite and writes a one-screen report to out. It returns an
@@ -71,6 +78,12 @@ type Report struct {
 // the report.
 func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	rep := Report{Seed: cfg.Seed, Duration: cfg.Duration, Ops: map[string]int{}, Faults: map[string]int{}}
+	if cfg.NoisyPhase == 0 {
+		cfg.NoisyPhase = DefaultNoisyPhase
+	}
+	if cfg.NoisyPhase < 0 {
+		return rep, fmt.Errorf("faults: Config.NoisyPhase must not be negative, got %s", cfg.NoisyPhase)
+	}
 	if err := os.RemoveAll(cfg.Dir); err != nil {
 		return rep, err
 	}
@@ -90,6 +103,19 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	defer s.down()
 	if err := s.up(ctx); err != nil {
 		return rep, err
+	}
+
+	// Tenant isolation first, on a healthy system (G9).
+	say("noisy neighbour: a hostile tenant attacks a third api replica, a quiet one is measured (%s per phase)", cfg.NoisyPhase)
+	noisyRep, noisyViolations, err := s.noisyNeighbour(ctx, cfg.NoisyPhase, func(format string, args ...any) {
+		logger.Info(fmt.Sprintf(format, args...), "phase", "noisy neighbour")
+	})
+	if err != nil {
+		return rep, fmt.Errorf("noisy neighbour: %w", err)
+	}
+	rep.Noisy = noisyRep
+	for _, v := range append(noisyRep.Violations(), noisyViolations...) {
+		rep.Violations = append(rep.Violations, "noisy neighbour: "+v)
 	}
 
 	// Clients through the per-api proxies.
@@ -315,6 +341,13 @@ func (r Report) print(out io.Writer) {
 		fmt.Fprintf(out, "            (%d kinds not injected: run longer)\n", missing)
 	}
 	fmt.Fprintf(out, "drain       converged and checked in %s\n", r.Drain.Round(time.Millisecond))
+	if r.Noisy.Alone.Total > 0 {
+		fmt.Fprintf(out, "noisy       quiet tenant alone %d req, p99 %s, lag ≤ %s; under each attack:\n",
+			r.Noisy.Alone.Total, r.Noisy.Alone.P99.Round(100*time.Microsecond), r.Noisy.Alone.MaxLag.Round(time.Millisecond))
+		for _, a := range r.Noisy.Attacks {
+			fmt.Fprintf(out, "  %s\n", a)
+		}
+	}
 	fmt.Fprintf(out, "violations  %d\n", len(r.Violations))
 	for i, v := range r.Violations {
 		if i == 20 {

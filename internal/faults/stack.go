@@ -37,6 +37,9 @@ type stack struct {
 	procs map[string]*proc
 }
 
+// commonEnv is the environment of every service process, before its own.
+var commonEnv = []string{"LOG_FORMAT=json", "IDEMPOTENCY_WAIT=2s"}
+
 // proc is one service process the harness runs (and kills, and restarts).
 type proc struct {
 	name     string
@@ -105,11 +108,7 @@ func (s *stack) up(ctx context.Context) error {
 		return err
 	}
 
-	pgURL := func(port int) string {
-		return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/orders?sslmode=disable", port)
-	}
 	natsURL := func(port int) string { return fmt.Sprintf("nats://127.0.0.1:%d", port) }
-	common := []string{"LOG_FORMAT=json", "IDEMPOTENCY_WAIT=2s"}
 
 	s.procs = map[string]*proc{}
 	services := []struct {
@@ -135,7 +134,7 @@ func (s *stack) up(ctx context.Context) error {
 				return err
 			}
 			name := fmt.Sprintf("%s-%d", svc.name, i)
-			s.procs[name] = &proc{name: name, args: svc.args, port: port, env: append(append([]string{}, common...), svc.env(port)...)}
+			s.procs[name] = &proc{name: name, args: svc.args, port: port, env: append(append([]string{}, commonEnv...), svc.env(port)...)}
 		}
 	}
 	for _, p := range s.procs {
@@ -153,13 +152,24 @@ func (s *stack) up(ctx context.Context) error {
 			}
 		}
 	}
-	out, err := exec.CommandContext(ctx, filepath.Join(s.bin, "api"), "token", "create", "-tenant", "faults",
+	s.token, err = s.createToken(ctx, "faults")
+	return err
+}
+
+// pgURL is the URL of the stack's database on port (PostgreSQL's own, or
+// a proxy's).
+func pgURL(port int) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/orders?sslmode=disable", port)
+}
+
+// createToken runs `api token create` for tenant and returns the token.
+func (s *stack) createToken(ctx context.Context, tenant string) (string, error) {
+	out, err := exec.CommandContext(ctx, filepath.Join(s.bin, "api"), "token", "create", "-tenant", tenant,
 		"-database-url", pgURL(s.pgPort)).Output()
 	if err != nil {
-		return fmt.Errorf("create token: %w", err)
+		return "", fmt.Errorf("create token of tenant %s: %w", tenant, err)
 	}
-	s.token = strings.TrimSpace(string(out))
-	return nil
+	return strings.TrimSpace(string(out)), nil
 }
 
 func (s *stack) startPostgres(ctx context.Context) error {

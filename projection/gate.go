@@ -57,11 +57,14 @@ FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bigint[], $6::bigint[])
 ON CONFLICT (projection, event_id) DO NOTHING
 RETURNING event_id`
 
-	// Aggregates of the batch with an unresolved dead letter: their later
-	// events are parked, not applied.
+	// Aggregates of the batch with an unresolved dead letter: whether one
+	// is open, and the lowest parked version. Their later events are
+	// parked behind it, not applied.
 	deadAggregatesSQL = `
-SELECT DISTINCT aggregate_id FROM dead_letters
-WHERE projection = $1 AND status = 'open' AND aggregate_id = ANY($2)`
+SELECT aggregate_id, bool_or(status = 'open'), coalesce(min(aggregate_version) FILTER (WHERE status = 'parked'), 0)
+FROM dead_letters
+WHERE projection = $1 AND status IN ('open', 'parked') AND aggregate_id = ANY($2)
+GROUP BY aggregate_id`
 
 	// CheckpointAdvanceSQL moves the projection's stream checkpoint forward.
 	CheckpointAdvanceSQL = `
@@ -220,9 +223,13 @@ func lockPositions(ctx context.Context, tx pgx.Tx, name string, aggregates []uui
 	return positions, res.Close()
 }
 
-// park moves the gap events of aggregates with an open dead letter into
-// dead_letters (status parked), in tx, so that they wait there, in order,
-// instead of cycling through redeliveries.
+// park moves the gap events of aggregates with an unresolved dead letter
+// into dead_letters (status parked), in tx, so that they wait there, in
+// order, instead of cycling through redeliveries: behind an open dead letter
+// until an operator resolves it; behind a parked earlier version (deferred
+// past its tenant's share of the window) until the re-drive applies that
+// one, which makes its parked successors due at once (the gap delay is a
+// fallback).
 func (r *Runner) park(ctx context.Context, tx pgx.Tx, gaps []*event) error {
 	if len(gaps) == 0 {
 		return nil
@@ -231,15 +238,35 @@ func (r *Runner) park(ctx context.Context, tx pgx.Tx, gaps []*event) error {
 	for i, e := range gaps {
 		aggs[i] = e.env.AggregateID
 	}
-	isDead, err := idSet(tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), aggs))
-	if err != nil {
+	type unresolved struct {
+		open         bool
+		lowestParked int64 // 0: none parked
+	}
+	held := map[uuid.UUID]unresolved{}
+	rows, _ := tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), aggs)
+	var id uuid.UUID
+	var u unresolved
+	if _, err := pgx.ForEachRow(rows, []any{&id, &u.open, &u.lowestParked}, func() error {
+		held[id] = u
+		return nil
+	}); err != nil {
 		return fmt.Errorf("find dead-lettered aggregates: %w", err)
 	}
 	for _, e := range gaps {
-		if !isDead[e.env.AggregateID] || e.msg == nil {
+		h, ok := held[e.env.AggregateID]
+		if !ok || e.msg == nil {
 			continue
 		}
-		if err := r.deadLetter(ctx, tx, e, statusParked, reasonBehindOpen, noAttempt); err != nil {
+		var err error
+		switch {
+		case h.open:
+			err = r.deadLetter(ctx, tx, e, statusParked, reasonBehindOpen, noAttempt)
+		case h.lowestParked > 0 && h.lowestParked < e.env.AggregateVersion:
+			err = r.deadLetter(ctx, tx, e, statusParked, reasonBehindParked, r.gapDelay(e.deliveries))
+		default:
+			continue
+		}
+		if err != nil {
 			return err
 		}
 		e.outcome = Parked

@@ -81,7 +81,9 @@ func (r *Runner) redriveLoop(ctx context.Context) {
 // many events it took.
 func (r *Runner) redrive(ctx context.Context) (int, error) {
 	var taken int
+	var counts [outcomeCount]int64 // of the attempt that committed (InTx may retry)
 	err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
+		counts = [outcomeCount]int64{}
 		events, err := storedEvents(ctx, tx, redriveClause, r.proj.Name(), r.cfg.BatchSize)
 		if err != nil {
 			return err
@@ -93,10 +95,13 @@ func (r *Runner) redrive(ctx context.Context) (int, error) {
 		if err := r.applyStored(ctx, tx, events); err != nil {
 			return err
 		}
-		return r.recordRedriven(ctx, tx, events)
+		return r.recordRedriven(ctx, tx, events, &counts)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("re-drive parked events: %w", err)
+	}
+	for o, n := range counts {
+		r.stats[o].Add(n)
 	}
 	return taken, nil
 }
@@ -145,7 +150,7 @@ func inSavepoint(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) (fnErr, 
 
 // recordRedriven writes each re-driven event's result to its dead_letters
 // row, in tx, in (aggregate, version) order.
-func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event) error {
+func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event, counts *[outcomeCount]int64) error {
 	held, err := r.heldBackInTx(ctx, tx, events)
 	if err != nil {
 		return err
@@ -179,7 +184,7 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 			reason = fmt.Sprintf("re-driven; version %d waits for version %d", e.env.AggregateVersion, e.env.AggregateVersion-1)
 		default: // applied, duplicate or stale
 			status, reason, deliveries = statusRetried, "re-driven and "+e.outcome.String(), e.deliveries
-			r.stats[e.outcome].Add(1)
+			counts[e.outcome]++
 			if e.outcome == Applied {
 				applied = append(applied, e.env.AggregateID)
 			}
@@ -188,7 +193,7 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event)
 			opened[e.env.AggregateID] = true // its later events in this batch stay parked behind it
 		}
 		if status == statusOpen {
-			r.stats[DeadLettered].Add(1)
+			counts[DeadLettered]++
 			r.logger.ErrorContext(ctx, "re-driven event dead-lettered", "event_id", e.env.ID,
 				"aggregate_id", e.env.AggregateID, "aggregate_version", e.env.AggregateVersion, "reason", reason)
 		}

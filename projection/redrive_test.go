@@ -148,3 +148,34 @@ ANALYZE dead_letters`); err != nil {
 		t.Fatalf("the re-drive query does not read due rows by dead_letters_parked_due:\n%s", plan)
 	}
 }
+
+// A gap whose predecessor is parked (deferred past its tenant's share) parks
+// behind it on its first delivery: it does not hold a slot of the broker's
+// window while the predecessor waits in dead_letters. The re-drive then
+// applies both, in order.
+func TestGapParksBehindAParkedPredecessorAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{Workers: 1, GapDelay: time.Minute, RetryDelay: time.Hour})
+	evs := orderEvents(t, "t1", "c-1")
+	v1, v2 := evs[0], evs[1]
+	f.parkedRow(t, v1, statusParked, "deferred: test", 1)
+	f.publish(t, v2, v2.ID.String())
+	f.run(t)
+
+	eventually(t, "v2 is parked behind v1 and acked", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = $1 AND status = 'parked'`, v2.ID) == 1
+	})
+	if s := f.runner.Stats(); s.Gaps != 0 || s.Parked != 1 {
+		t.Fatalf("stats = %+v; want v2 parked on its first delivery, no gap redelivery", s)
+	}
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, `UPDATE dead_letters SET next_attempt_at = now() WHERE event_id = $1`, v1.ID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "v1 and v2 are re-driven and applied", func() bool {
+		return f.count(t, `SELECT count(*) FROM order_views WHERE order_id = $1 AND version = 2`, v1.AggregateID) == 1
+	})
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE status <> 'retried'`); n != 0 {
+		t.Fatalf("%d dead letters not resolved as retried", n)
+	}
+}

@@ -494,10 +494,12 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 				deferred, deferredAgg[e.env.AggregateID] = append(deferred, d), true
 			}
 		case e.outcome == Gap:
+			// Not counted against the tenant's share: a gap waits for a
+			// predecessor that is in flight (applied within moments), or
+			// that failed and is itself delayed (counted) or parked (then
+			// this gap parks behind it at its next delivery, see park).
 			r.stats[Gap].Add(1)
-			if d, ok := r.delay(ctx, e, r.gapDelay(e.deliveries), fmt.Sprintf("version %d waits for version %d", e.env.AggregateVersion, e.env.AggregateVersion-1)); !ok {
-				deferred, deferredAgg[e.env.AggregateID] = append(deferred, d), true
-			}
+			err = e.msg.NakWithDelay(r.gapDelay(e.deliveries))
 		default:
 			err = e.msg.Ack()
 			r.stats[e.outcome].Add(1)

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/acme/orders/domain"
 )
 
 func TestDelayedWindowKeepsEachTenantUnderItsLimit(t *testing.T) {
@@ -108,13 +111,15 @@ func TestDeferralsOfABatchAreParkedInOneStatement(t *testing.T) {
 	db := tracedDB(t, tracer)
 	f := newFixture(t, Config{})
 	f.db = db
-	cfg := Config{Workers: 1, MaxAckPending: 4, TenantShare: 0.25, GapDelay: time.Minute} // a tenant holds 1
-	f.runner = NewRunner(db, f.js, OrderViews{}, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
+	cfg := Config{Workers: 1, MaxAckPending: 4, TenantShare: 0.25, RetryDelay: time.Minute} // a tenant holds 1
+	failing := failingProjection{Projection: OrderViews{}, fail: func(domain.Envelope) error {
+		return errors.New("connection reset") // transient: delayed, and counted against the share
+	}}
+	f.runner = NewRunner(db, f.js, failing, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
 	const n = 4
 	for range n {
-		v2 := createdEvent(t, uuid.Must(uuid.NewV7()))
-		v2.AggregateVersion = 2 // waits for a v1 that is not there yet
-		f.publish(t, v2, v2.ID.String())
+		v1 := createdEvent(t, uuid.Must(uuid.NewV7()))
+		f.publish(t, v1, v1.ID.String())
 	}
 	ctx := context.Background()
 	cons, err := f.runner.Consumer(ctx)

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Runs the whole system (PostgreSQL, NATS, api, projector) in the foreground.
+# Runs the whole system (PostgreSQL, NATS, api, projector, payment worker and
+# the local payment provider fakepsp) in the foreground.
 #
-#   scripts/stack.sh run   dev stack: state in .local/run, api on :8080, projector on :8081.
-#                          DATABASE_URL / NATS_URL, if set, are used instead of local servers.
+#   scripts/stack.sh run   dev stack: state in .local/run, api on :8080, projector on :8081,
+#                          worker on :8082, fakepsp on :12111 (its database "fakepsp").
+#                          DATABASE_URL / NATS_URL, if set, are used instead of local servers;
+#                          PAYMENT_PROVIDER_URL (+ _KEY), if set, instead of fakepsp.
 #                          Ctrl-C stops everything it started (and nothing else).
 #                          Refuses (exit 1, one line) if a stack already runs in its
 #                          folder or any of its ports is taken.
-#   scripts/stack.sh e2e   fresh stack in .local/e2e (api :18080, projector :18081), runs
+#   scripts/stack.sh e2e   fresh stack in .local/e2e (api :18080, projector :18081, worker
+#                          :18082, fakepsp :12121), runs
 #                          api.http with httpyac against it, stops everything, exits with
 #                          httpyac's status.
-# STACK_DIR, PG_PORT, NATS_PORT, API_PORT and PROJECTOR_PORT override the state
+# STACK_DIR, PG_PORT, NATS_PORT, API_PORT, PROJECTOR_PORT, WORKER_PORT and
+# FAKEPSP_PORT override the state
 # folder and the ports of either mode (e.g. to run a second stack beside the first).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -22,18 +27,20 @@ case "$MODE" in
 run)
 	STATE=.local/run PG_PORT=${PG_PORT:-54329} NATS_PORT=${NATS_PORT:-14222}
 	API_PORT=${API_PORT:-8080} PROJ_PORT=${PROJECTOR_PORT:-8081}
+	WORKER_PORT=${WORKER_PORT:-8082} PSP_PORT=${FAKEPSP_PORT:-12111}
 	;;
 e2e)
 	STATE=.local/e2e PG_PORT=${PG_PORT:-54339} NATS_PORT=${NATS_PORT:-14232}
 	API_PORT=${API_PORT:-18080} PROJ_PORT=${PROJECTOR_PORT:-18081}
-	unset DATABASE_URL NATS_URL # e2e always uses its own servers
+	WORKER_PORT=${WORKER_PORT:-18082} PSP_PORT=${FAKEPSP_PORT:-12121}
+	unset DATABASE_URL NATS_URL PAYMENT_PROVIDER_URL PAYMENT_PROVIDER_KEY # e2e always uses its own servers
 	;;
 *)
-	sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac
-for p in "$PG_PORT" "$NATS_PORT" "$API_PORT" "$PROJ_PORT"; do
+for p in "$PG_PORT" "$NATS_PORT" "$API_PORT" "$PROJ_PORT" "$WORKER_PORT" "$PSP_PORT"; do
 	[[ "$p" =~ ^[0-9]+$ ]] || { echo "stack: ports must be numbers, got '$p'" >&2; exit 2; }
 done
 STATE=$(abs_dir "${STACK_DIR:-$ROOT/$STATE}")
@@ -46,7 +53,10 @@ say() { echo "stack: $*" >&2; }
 SHOWN_STATE=${STATE#"$ROOT"/}
 
 # ---- cleanup: stop everything we started, in reverse order ----------------
-STARTED_PG=0 STARTED_NATS=0 API_PID="" PROJ_PID="" TAIL_PIDS=()
+STARTED_PG=0 STARTED_NATS=0 API_PID="" PROJ_PID="" WORKER_PID="" PSP_PID="" TAIL_PIDS=()
+# RUN_PSP: start the local provider (unless PAYMENT_PROVIDER_URL names another)
+RUN_PSP=1
+if [ -n "${PAYMENT_PROVIDER_URL:-}" ]; then RUN_PSP=0; fi
 CLEANED=0 LOCKED=0
 
 stop_proc() { # stop_proc NAME PID
@@ -70,11 +80,13 @@ cleanup() {
 	[ "$CLEANED" = 0 ] || return 0
 	CLEANED=1
 	trap '' INT TERM # finish cleaning up even if Ctrl-C is pressed again
-	if [ -n "$PROJ_PID$API_PID" ] || [ "$STARTED_NATS$STARTED_PG" != 00 ]; then
+	if [ -n "$PROJ_PID$API_PID$WORKER_PID$PSP_PID" ] || [ "$STARTED_NATS$STARTED_PG" != 00 ]; then
 		say "stopping..."
 	fi
+	stop_proc worker "$WORKER_PID"
 	stop_proc projector "$PROJ_PID"
 	stop_proc api "$API_PID"
+	stop_proc fakepsp "$PSP_PID"
 	# log printers (tail --pid) end by themselves shortly after their service;
 	# give them a moment to flush the last lines, then stop their groups.
 	local p i
@@ -139,6 +151,8 @@ check_port() { # check_port PORT WHAT: add PORT to busy if something listens the
 }
 check_port "$API_PORT" api
 check_port "$PROJ_PORT" projector
+check_port "$WORKER_PORT" worker
+if [ "$RUN_PSP" = 1 ]; then check_port "$PSP_PORT" fakepsp; fi
 if [ -z "${DATABASE_URL:-}" ] && [ "$PG_RUNNING" = 0 ]; then check_port "$PG_PORT" PostgreSQL; fi
 if [ -z "${NATS_URL:-}" ] && [ "$NATS_RUNNING" = 0 ]; then check_port "$NATS_PORT" NATS; fi
 if [ ${#busy[@]} -gt 0 ]; then
@@ -147,7 +161,7 @@ if [ ${#busy[@]} -gt 0 ]; then
 	if [ ${#busy[@]} = 1 ]; then what="port $list is"; else what="ports $list are"; fi
 	hint=""
 	if port_in_use "$API_PORT"; then hint=" (if it is another stack, its api is http://localhost:$API_PORT)"; fi
-	say "$what already in use$hint; stop it (Ctrl-C in the terminal of that \`make run\`, or kill the pid) or choose free ports with API_PORT, PROJECTOR_PORT, PG_PORT, NATS_PORT"
+	say "$what already in use$hint; stop it (Ctrl-C in the terminal of that \`make run\`, or kill the pid) or choose free ports with API_PORT, PROJECTOR_PORT, WORKER_PORT, FAKEPSP_PORT, PG_PORT, NATS_PORT"
 	exit 1
 fi
 
@@ -182,14 +196,19 @@ else
 	say "using NATS_URL from the environment"
 fi
 export DATABASE_URL NATS_URL
-export HTTP_ADDR=":$API_PORT" PROJECTOR_HTTP_ADDR=":$PROJ_PORT"
+export HTTP_ADDR=":$API_PORT" PROJECTOR_HTTP_ADDR=":$PROJ_PORT" WORKER_HTTP_ADDR="127.0.0.1:$WORKER_PORT"
+if [ "$RUN_PSP" = 1 ]; then
+	export FAKEPSP_ADDR="127.0.0.1:$PSP_PORT" PAYMENT_PROVIDER_URL="http://127.0.0.1:$PSP_PORT" PAYMENT_PROVIDER_KEY=sk_test_local
+fi
 # readable logs in the terminal; e2e keeps JSON in its log files
 if [ "$MODE" = run ]; then export LOG_FORMAT="${LOG_FORMAT:-text}"; fi
 
 # ---- build ----------------------------------------------------------------
-say "building ./cmd/api and ./cmd/projector"
+say "building ./cmd/api, ./cmd/projector, ./cmd/worker and ./cmd/fakepsp"
 go build -o "$BIN/api" ./cmd/api
 go build -o "$BIN/projector" ./cmd/projector
+go build -o "$BIN/worker" ./cmd/worker
+go build -o "$BIN/fakepsp" ./cmd/fakepsp
 
 # ---- services -------------------------------------------------------------
 # start_svc NAME: runs $BIN/NAME in its own session (so Ctrl-C reaches only this
@@ -227,13 +246,16 @@ answered_by_us() {
 	if [ -z "$pids" ]; then kill -0 "$1" 2>/dev/null; else grep -qx "$1" <<<"$pids"; fi
 }
 
-# wait_ready NAME PID PORT: wait until PID answers 200 on PORT/readyz.
+# wait_ready NAME PID PORT [PATH]: wait until PID answers 200 on PORT/PATH
+# (default /readyz).
 wait_ready() {
 	local name="$1" pid="$2" port="$3" deadline=$((SECONDS + READY_TIMEOUT))
-	local url="http://127.0.0.1:$port/readyz"
+	local url="http://127.0.0.1:$port${4:-/readyz}"
 	until curl -fsS -o /dev/null -m 2 "$url" 2>/dev/null && answered_by_us "$pid" "$port"; do
 		if died "$name" "$pid"; then
-			if [ "$name" = api ]; then API_PID=""; else PROJ_PID=""; fi
+			case "$name" in
+			api) API_PID="" ;; projector) PROJ_PID="" ;; worker) WORKER_PID="" ;; fakepsp) PSP_PID="" ;;
+			esac
 			say "$name died during start-up"
 			exit 1
 		fi
@@ -248,14 +270,25 @@ wait_ready() {
 
 command -v curl >/dev/null 2>&1 || { say "curl is needed"; exit 1; }
 
-say "starting api (HTTP_ADDR=$HTTP_ADDR) and projector (PROJECTOR_HTTP_ADDR=$PROJECTOR_HTTP_ADDR)"
+if [ "$RUN_PSP" = 1 ]; then
+	say "starting fakepsp, the local payment provider (FAKEPSP_ADDR=$FAKEPSP_ADDR, database fakepsp)"
+	start_svc fakepsp
+	PSP_PID=$SVC_PID
+	wait_ready fakepsp "$PSP_PID" "$PSP_PORT" /healthz
+else
+	say "using PAYMENT_PROVIDER_URL from the environment"
+fi
+say "starting api (HTTP_ADDR=$HTTP_ADDR), projector (PROJECTOR_HTTP_ADDR=$PROJECTOR_HTTP_ADDR) and worker (WORKER_HTTP_ADDR=$WORKER_HTTP_ADDR)"
 start_svc api
 API_PID=$SVC_PID
 start_svc projector
 PROJ_PID=$SVC_PID
+start_svc worker
+WORKER_PID=$SVC_PID
 
 wait_ready api "$API_PID" "$API_PORT"
 wait_ready projector "$PROJ_PID" "$PROJ_PORT"
+wait_ready worker "$WORKER_PID" "$WORKER_PORT"
 
 # ---- a dev token: created on first start, kept in $STATE/dev-token ----------
 # (re-created if the database it was made for is gone, e.g. another DATABASE_URL)
@@ -285,6 +318,8 @@ if [ "$MODE" = e2e ]; then
 		say "httpyac failed (status $st); service logs are in $STATE"
 		log_tail "$STATE/api.log" 40
 		log_tail "$STATE/projector.log" 40
+		log_tail "$STATE/worker.log" 40
+		if [ "$RUN_PSP" = 1 ]; then log_tail "$STATE/fakepsp.log" 40; fi
 	else
 		say "e2e passed"
 	fi
@@ -297,6 +332,7 @@ cat >&2 <<BANNER
 ==> orders stack is up
     api        http://localhost:$API_PORT   (log: $STATE/api.log)
     projector  http://localhost:$PROJ_PORT   (log: $STATE/projector.log)
+    worker     http://localhost:$WORKER_PORT   (log: $STATE/worker.log; payments go to $PAYMENT_PROVIDER_URL)
     DATABASE_URL=$DATABASE_URL
     NATS_URL=$NATS_URL
 
@@ -311,10 +347,18 @@ or, in another terminal:
 Ctrl-C stops everything this run started.
 
 BANNER
+if [ "$RUN_PSP" = 1 ]; then
+	cat >&2 <<BANNER
+    fakepsp    http://localhost:$PSP_PORT   (log: $STATE/fakepsp.log; ledger: curl localhost:$PSP_PORT/_ledger)
+
+BANNER
+fi
 
 while :; do
 	if died api "$API_PID"; then API_PID=""; exit 1; fi
 	if died projector "$PROJ_PID"; then PROJ_PID=""; exit 1; fi
+	if died worker "$WORKER_PID"; then WORKER_PID=""; exit 1; fi
+	if [ -n "$PSP_PID" ] && died fakepsp "$PSP_PID"; then PSP_PID=""; exit 1; fi
 	sleep 1 &
 	wait $! || true
 done

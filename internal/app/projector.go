@@ -24,6 +24,7 @@ import (
 	"github.com/acme/orders/health"
 	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/projection"
+	"github.com/acme/orders/settle"
 	"github.com/acme/orders/stream"
 )
 
@@ -190,6 +191,9 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		name, err := projection.DeadLetterProjection(ctx, pool, id)
 		if err != nil {
 			return err
+		}
+		if slices.Contains(settle.Consumers, name) {
+			return fmt.Errorf("dead letter %d belongs to the payment worker (%s): use `worker %s %d`", id, name, sub, id)
 		}
 		r, err := runnerOf(nil, name)
 		if err != nil {

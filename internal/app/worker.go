@@ -1,0 +1,269 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/acme/orders/health"
+	"github.com/acme/orders/metrics"
+	"github.com/acme/orders/payment"
+	"github.com/acme/orders/postgres"
+	"github.com/acme/orders/settle"
+	"github.com/acme/orders/stream"
+)
+
+const workerUsage = `usage:
+  worker [flags]                                 settle payment and refund intents with the provider (serve)
+  worker dead-letters list [-all] [flags]        the worker's open dead letters (with -all: every one)
+  worker dead-letters retry [flags] ID           settle a dead letter again (same idempotency key), then mark it retried
+  worker dead-letters discard [flags] ID         mark a dead letter discarded (never settled by the worker)`
+
+// Defaults of the worker program.
+const (
+	// DefaultWorkerHTTPAddr is where the worker serves /healthz, /readyz
+	// and /metrics: loopback only, like the projector's.
+	DefaultWorkerHTTPAddr = "127.0.0.1:8082"
+	// DefaultProviderURL is the local provider that `make run` starts
+	// (cmd/fakepsp); DefaultProviderKey is a key it accepts.
+	DefaultProviderURL = "http://127.0.0.1:12111"
+	DefaultProviderKey = "sk_test_local"
+	// DefaultWorkerPoolSize is the worker's default -db-pool-size.
+	DefaultWorkerPoolSize = 10
+	// WorkerShutdownTimeout bounds how long the worker's HTTP server waits
+	// for in-flight requests when it stops.
+	WorkerShutdownTimeout = 5 * time.Second
+)
+
+// RunWorker is the whole payment worker program (cmd/worker): it settles
+// payment.requested and refund.requested intents with the provider (see
+// package settle) and serves /healthz, /readyz (PostgreSQL, NATS, the
+// provider) and /metrics; its dead-letters subcommands operate it. Serving
+// returns when ctx ends, after the intents in hand are settled and acked.
+func RunWorker(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	sub, rest := "", args[1:]
+	if len(rest) > 0 && rest[0] == "dead-letters" {
+		if len(rest) < 2 || (rest[1] != "list" && rest[1] != "retry" && rest[1] != "discard") {
+			return fmt.Errorf("unknown dead-letters command\n%s", workerUsage)
+		}
+		sub, rest = "dead-letters "+rest[1], rest[2:]
+	}
+	env := NewEnv(getenv)
+	fs := flag.NewFlagSet("worker "+sub, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), workerUsage)
+		fs.PrintDefaults()
+	}
+	databaseURL := env.String(fs, "database-url", "DATABASE_URL", DefaultDatabaseURL, "PostgreSQL connection URL")
+	natsURL := env.String(fs, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL")
+	httpAddr := env.String(fs, "http-addr", "WORKER_HTTP_ADDR", DefaultWorkerHTTPAddr, "address to serve /healthz, /readyz and /metrics on")
+	providerURL := env.String(fs, "provider-url", "PAYMENT_PROVIDER_URL", DefaultProviderURL, "base URL of the Stripe-compatible provider (https://api.stripe.com for Stripe)")
+	providerKey := env.String(fs, "provider-key", "PAYMENT_PROVIDER_KEY", DefaultProviderKey, "the provider's secret key")
+	providerTimeout := env.Duration(fs, "provider-timeout", "PAYMENT_PROVIDER_TIMEOUT", payment.DefaultTimeout, "bound of one provider HTTP attempt")
+	concurrency := env.Int(fs, "concurrency", "WORKER_CONCURRENCY", settle.DefaultConcurrency, "intents of each kind settled at once in this process")
+	ackWait := env.Duration(fs, "ack-wait", "WORKER_ACK_WAIT", settle.DefaultAckWait, "redeliver an intent after this long without an ack")
+	maxDeliver := env.Int(fs, "max-deliver", "WORKER_MAX_DELIVER", settle.DefaultMaxDeliver, "dead-letter an intent after this many failed deliveries")
+	replicas := env.Int(fs, "stream-replicas", "STREAM_REPLICAS", stream.DefaultReplicas, "replicas of the JetStream stream and consumers (3 on a cluster)")
+	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", DefaultWorkerPoolSize, "most PostgreSQL connections of this process")
+	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
+	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
+	all := fs.Bool("all", false, "dead-letters list: also the resolved ones")
+	if err := fs.Parse(rest); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if err := env.Err(); err != nil {
+		return err
+	}
+	if *poolSize < 2 {
+		return fmt.Errorf("-db-pool-size must be at least 2, got %d", *poolSize)
+	}
+	logger := NewLogger(stdout, *logFormat, *logLevel).With("process", "worker")
+	if sub != "" {
+		logger = NewLogger(io.Discard, "", "")
+	}
+	provider, err := payment.NewStripe(payment.Config{BaseURL: *providerURL, SecretKey: *providerKey, Timeout: *providerTimeout,
+		Logger: logger.With("component", "provider")})
+	if err != nil {
+		return fmt.Errorf("-provider-url, -provider-key, -provider-timeout: %w", err)
+	}
+	providerCheck, err := ProviderReady(*providerURL, *providerKey)
+	if err != nil {
+		return err
+	}
+	cfg := settle.Config{Concurrency: *concurrency, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("-concurrency, -ack-wait, -max-deliver, -stream-replicas: %w", err)
+	}
+
+	pool, err := openDB(ctx, *databaseURL, *poolSize, sub != "", logger)
+	if err != nil {
+		return err
+	}
+	defer closeDB(pool, logger)
+
+	switch sub {
+	case "dead-letters list":
+		return listWorkerDeadLetters(ctx, pool, *all, stdout)
+	case "dead-letters retry", "dead-letters discard":
+		id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
+		if fs.NArg() != 1 || err != nil {
+			return fmt.Errorf("%s needs one dead letter ID\n%s", sub, workerUsage)
+		}
+		w, err := settle.New(pool, nil, provider, logger, cfg)
+		if err != nil {
+			return err
+		}
+		resolve, verb := w.RetryDeadLetter, "retried"
+		if sub == "dead-letters discard" {
+			resolve, verb = w.DiscardDeadLetter, "discarded"
+		}
+		if err := resolve(ctx, id); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s dead letter %d\n", verb, id)
+		return nil
+	}
+
+	nc, err := ConnectNATS(*natsURL, "orders-worker", logger)
+	if err != nil {
+		return err
+	}
+	defer CloseNATS(nc, logger)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	w, err := settle.New(pool, js, provider, logger, cfg)
+	if err != nil {
+		return err
+	}
+	logger.Info("payment worker", "provider", redactURL(*providerURL), "concurrency", *concurrency)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return w.Run(gctx) })
+	monitor, err := health.NewMonitor(map[string]health.Check{
+		"postgres": func(ctx context.Context) error { return pool.Ping(ctx) },
+		"nats":     NATSReady(nc),
+		"provider": providerCheck,
+	}, logger.With("component", "health"), health.Config{})
+	if err != nil {
+		return err
+	}
+	g.Go(func() error { monitor.Run(gctx); return nil })
+	mux := chi.NewRouter()
+	health.Register(mux, monitor)
+	mux.Get("/metrics", metrics.Handler(workerMetrics(w)))
+	g.Go(func() error { return Serve(gctx, *httpAddr, mux, logger, WorkerShutdownTimeout) })
+	var stopping atomic.Int64
+	stop := context.AfterFunc(gctx, func() { stopping.Store(time.Now().UnixNano()) })
+	defer stop()
+	err = g.Wait()
+	logger.Info("shutdown: payment worker stopped (intents in hand settled; their acks go out with the NATS flush)",
+		"duration", time.Since(time.Unix(0, stopping.Load())), "err", err)
+	return err
+}
+
+// ProviderReady is a readiness check of the provider at baseURL: for
+// Stripe (api.stripe.com) an authenticated GET /v1/balance, the cheapest
+// call that proves the key works; for any other (the local fakepsp) GET
+// /healthz. Anything but a 200 within the check's timeout is not ready.
+func ProviderReady(baseURL, key string) (health.Check, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("-provider-url %q: want an http(s) URL", baseURL)
+	}
+	check, auth := baseURL+"/healthz", false
+	if u.Hostname() == "api.stripe.com" {
+		check, auth = baseURL+"/v1/balance", true
+	}
+	client := &http.Client{}
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, check, nil)
+		if err != nil {
+			return fmt.Errorf("provider: %w", err)
+		}
+		if auth {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("provider: %w", err)
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("provider: GET %s: %s", redactURL(check), resp.Status)
+		}
+		return nil
+	}, nil
+}
+
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// workerMetrics are the worker's counters, read at scrape time.
+func workerMetrics(w *settle.Worker) []metrics.Metric {
+	kinds := func(f func(settle.Stats) (charge, refund int64)) func() []metrics.Sample {
+		return func() []metrics.Sample {
+			c, r := f(w.Stats())
+			return []metrics.Sample{{Labels: map[string]string{"kind": "charge"}, Value: float64(c)},
+				{Labels: map[string]string{"kind": "refund"}, Value: float64(r)}}
+		}
+	}
+	return []metrics.Metric{
+		{Name: "payment_charges_total", Help: "charges recorded by this process, by outcome", Counter: true, Read: func() []metrics.Sample {
+			s := w.Stats()
+			return []metrics.Sample{{Labels: map[string]string{"outcome": "succeeded"}, Value: float64(s.ChargesSucceeded)},
+				{Labels: map[string]string{"outcome": "declined"}, Value: float64(s.ChargesDeclined)}}
+		}},
+		{Name: "payment_refunds_total", Help: "refunds recorded by this process, by outcome", Counter: true, Read: func() []metrics.Sample {
+			s := w.Stats()
+			return []metrics.Sample{{Labels: map[string]string{"outcome": "succeeded"}, Value: float64(s.RefundsSucceeded)},
+				{Labels: map[string]string{"outcome": "failed"}, Value: float64(s.RefundsFailed)}}
+		}},
+		{Name: "payment_provider_transient_failures_total", Help: "provider calls that failed in a way a retry with the same key may cure", Counter: true,
+			Read: kinds(func(s settle.Stats) (int64, int64) { return s.ChargeTransient, s.RefundTransient })},
+		{Name: "payment_dead_lettered_total", Help: "intents dead-lettered by this process", Counter: true,
+			Read: kinds(func(s settle.Stats) (int64, int64) { return s.ChargeDeadLettered, s.RefundDeadLettered })},
+		{Name: "payment_duplicates_skipped_total", Help: "deliveries of intents already recorded (acked without calling the provider)", Counter: true,
+			Read: metrics.One(func() int64 { return w.Stats().Duplicates })},
+	}
+}
+
+func listWorkerDeadLetters(ctx context.Context, db postgres.DB, all bool, stdout io.Writer) error {
+	dls, err := settle.ListDeadLetters(ctx, db, all)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCONSUMER\tSTATUS\tORDER\tSTREAM SEQ\tDELIVERIES\tSINCE\tERROR")
+	for _, d := range dls {
+		order := "-"
+		if d.AggregateID != nil {
+			order = d.AggregateID.String()
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Consumer, d.Status, order, d.StreamSeq, d.Deliveries,
+			d.CreatedAt.UTC().Format(time.RFC3339), d.Error)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,111 @@
+package settle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/postgres"
+)
+
+// ErrNoDeadLetter is returned by RetryDeadLetter and DiscardDeadLetter for
+// an id that is not an open dead letter of the payment worker.
+var ErrNoDeadLetter = errors.New("no open payment worker dead letter with that id")
+
+const deadLetterInsertSQL = `
+INSERT INTO dead_letters (projection, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
+                          subject, payload, error, deliveries, status)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'open')`
+
+// deadLetter records an intent no retry settles in dead_letters, with the
+// consumer's name as its projection (the projector never touches those).
+func (w *Worker) deadLetter(ctx context.Context, consumer, subject string, data []byte, seq, deliveries uint64, cause error) error {
+	var tenant, eventID, aggregate, version any // NULL for a message that is no event
+	if env, err := domain.DecodeEnvelope(data); err == nil {
+		tenant, eventID, aggregate, version = env.TenantID, env.ID, env.AggregateID, env.AggregateVersion
+	}
+	if _, err := w.db.Exec(ctx, deadLetterInsertSQL, consumer, tenant, eventID, aggregate, version,
+		int64(seq), subject, data, cause.Error(), int64(deliveries)); err != nil {
+		return fmt.Errorf("insert dead letter: %w", err)
+	}
+	return nil
+}
+
+// DeadLetter is one dead letter of the payment worker.
+type DeadLetter struct {
+	ID          int64
+	Consumer    string
+	AggregateID *uuid.UUID
+	StreamSeq   int64
+	Error       string
+	Deliveries  int32
+	Status      string
+	CreatedAt   time.Time
+}
+
+// ListDeadLetters returns the payment worker's open dead letters, or all of
+// them with all set, oldest first.
+func ListDeadLetters(ctx context.Context, db postgres.DB, all bool) ([]DeadLetter, error) {
+	rows, _ := db.Query(ctx, `
+SELECT id, projection, aggregate_id, stream_seq, error, deliveries, status, created_at
+FROM dead_letters
+WHERE projection = ANY($1) AND ($2 OR status = 'open')
+ORDER BY id`, Consumers, all)
+	dls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return dls, nil
+}
+
+// RetryDeadLetter settles the open dead letter id again, now that its cause
+// is fixed: the provider call with the intent's own key (which replays a
+// charge or refund made before) and the recording, then marks it retried.
+// If it still fails, the dead letter stays open and the error says why.
+func (w *Worker) RetryDeadLetter(ctx context.Context, id int64) error {
+	consumer, data, err := w.openDeadLetter(ctx, id)
+	if err != nil {
+		return err
+	}
+	if r := w.settle(ctx, consumer, data, true); r.verdict != done {
+		return fmt.Errorf("dead letter %d still fails: %w", id, r.err)
+	}
+	return w.resolve(ctx, id, "retried")
+}
+
+// DiscardDeadLetter marks the open dead letter id discarded: its intent is
+// never settled by the worker (settle it by hand at the provider if need be).
+func (w *Worker) DiscardDeadLetter(ctx context.Context, id int64) error {
+	if _, _, err := w.openDeadLetter(ctx, id); err != nil {
+		return err
+	}
+	return w.resolve(ctx, id, "discarded")
+}
+
+func (w *Worker) openDeadLetter(ctx context.Context, id int64) (consumer string, data []byte, err error) {
+	err = w.db.QueryRow(ctx, `SELECT projection, payload FROM dead_letters WHERE id = $1 AND projection = ANY($2) AND status = 'open'`,
+		id, Consumers).Scan(&consumer, &data)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", nil, fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
+	case err != nil:
+		return "", nil, fmt.Errorf("read dead letter %d: %w", id, err)
+	}
+	return consumer, data, nil
+}
+
+func (w *Worker) resolve(ctx context.Context, id int64, status string) error {
+	tag, err := w.db.Exec(ctx, `UPDATE dead_letters SET status = $2, resolved_at = now() WHERE id = $1 AND status = 'open'`, id, status)
+	if err != nil {
+		return fmt.Errorf("mark dead letter %d %s: %w", id, status, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
+	}
+	return nil
+}

@@ -1,0 +1,175 @@
+package settle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/google/uuid"
+
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/payment"
+)
+
+// verdict is what becomes of a delivered intent.
+type verdict int
+
+const (
+	done    verdict = iota // recorded (now or before): ack
+	retry                  // transient: nak with backoff, same key next time
+	dead                   // no retry cures it: dead-letter and terminate
+	abandon                // neither recorded nor acked (AfterProviderCall refused)
+)
+
+type result struct {
+	verdict verdict
+	err     error
+}
+
+// settle charges or refunds the intent in data for consumer and records
+// the outcome. redelivered says the intent may have reached the provider
+// before: a charge then first looks for the one its key made.
+func (w *Worker) settle(ctx context.Context, consumer string, data []byte, redelivered bool) result {
+	env, err := domain.DecodeEnvelope(data)
+	if err != nil {
+		return result{dead, err}
+	}
+	recorded, err := w.recorded(ctx, consumer, env.ID)
+	if err != nil {
+		return result{retry, err}
+	}
+	if recorded {
+		w.stats.duplicate(consumer)
+		return result{verdict: done}
+	}
+	switch {
+	case consumer == ChargeConsumer && env.Type == domain.TypePaymentRequested:
+		return w.charge(ctx, env, redelivered)
+	case consumer == RefundConsumer && env.Type == domain.TypeRefundRequested:
+		return w.refund(ctx, env)
+	}
+	return result{dead, fmt.Errorf("%w: consumer %s cannot settle a %s event", domain.ErrMalformedEvent, consumer, env.Type)}
+}
+
+// recorded reports whether consumer recorded the outcome of event id.
+func (w *Worker) recorded(ctx context.Context, consumer string, id uuid.UUID) (bool, error) {
+	var ok bool
+	if err := w.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM payment_inbox WHERE consumer = $1 AND event_id = $2)`,
+		consumer, id).Scan(&ok); err != nil {
+		return false, fmt.Errorf("look up payment inbox: %w", err)
+	}
+	return ok, nil
+}
+
+// providerResult classifies a provider error: permanent ones are
+// dead-lettered, everything else (transient, timeouts) retried.
+func (w *Worker) providerResult(consumer string, err error) result {
+	if errors.Is(err, payment.ErrPermanent) {
+		return result{dead, err}
+	}
+	w.stats.transient(consumer)
+	return result{retry, err}
+}
+
+// recordResult classifies an error of a record command: a refusal no retry
+// changes (invalid, unknown order, conflicting outcome) is dead-lettered.
+func recordResult(err error) result {
+	switch domain.KindOf(err) {
+	case domain.KindInvalid, domain.KindNotFound, domain.KindConflict:
+		return result{dead, err}
+	}
+	return result{retry, err}
+}
+
+func (w *Worker) afterProviderCall(ctx context.Context, consumer string, id uuid.UUID) error {
+	if w.cfg.AfterProviderCall == nil {
+		return nil
+	}
+	return w.cfg.AfterProviderCall(ctx, consumer, id)
+}
+
+func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bool) result {
+	var req domain.PaymentRequested
+	if err := env.Decode(&req); err != nil {
+		return result{dead, err}
+	}
+	if req.Attempt < 1 || req.PaymentKey != domain.ChargeKey(env.TenantID, env.AggregateID, req.Attempt) ||
+		req.Amount <= 0 || !domain.ValidCurrency(req.Currency) || req.PaymentMethod == "" {
+		return result{dead, fmt.Errorf("%w: payment.requested %s: attempt %d, key %q, amount %d %q, method %q do not make a charge",
+			domain.ErrMalformedEvent, env.ID, req.Attempt, req.PaymentKey, req.Amount, req.Currency, req.PaymentMethod)}
+	}
+	var (
+		ch    payment.Charge
+		found bool
+		err   error
+	)
+	if redelivered {
+		// The key makes the provider replay its charge for 24 h; a
+		// succeeded charge under it is taken as it is, even later.
+		ch, found, err = w.provider.FindCharge(ctx, req.PaymentKey)
+		if err != nil {
+			return w.providerResult(ChargeConsumer, fmt.Errorf("find charge %s: %w", req.PaymentKey, err))
+		}
+		found = found && ch.Status == payment.ChargeSucceeded
+	}
+	if !found {
+		ch, err = w.provider.Charge(ctx, payment.ChargeRequest{
+			IdempotencyKey: req.PaymentKey, Amount: req.Amount, Currency: req.Currency, PaymentMethod: req.PaymentMethod,
+			Metadata: map[string]string{"tenant_id": env.TenantID, "order_id": env.AggregateID.String(), "attempt": strconv.Itoa(req.Attempt)},
+		})
+		if err != nil {
+			return w.providerResult(ChargeConsumer, fmt.Errorf("charge %s: %w", req.PaymentKey, err))
+		}
+	}
+	if err := w.afterProviderCall(ctx, ChargeConsumer, env.ID); err != nil {
+		return result{abandon, err}
+	}
+	out := command.ChargeOutcome{ChargeID: ch.ID, Amount: ch.Amount, Currency: ch.Currency,
+		Succeeded: ch.Status == payment.ChargeSucceeded, DeclineCode: ch.DeclineCode, Reason: ch.DeclineReason}
+	if !out.Succeeded {
+		// A decline may come without the amount; it is the request's.
+		out.Amount, out.Currency = req.Amount, req.Currency
+	}
+	_, err = command.NewRecordChargeOutcomeHandler(w.db).Handle(ctx, command.RecordChargeOutcome{
+		TenantID: env.TenantID, OrderID: env.AggregateID, Attempt: req.Attempt, Consumer: ChargeConsumer, EventID: env.ID, Charge: out,
+	})
+	if err != nil {
+		return recordResult(fmt.Errorf("record charge %s (%s): %w", req.PaymentKey, ch.ID, err))
+	}
+	w.stats.charged(out.Succeeded)
+	return result{verdict: done}
+}
+
+func (w *Worker) refund(ctx context.Context, env domain.Envelope) result {
+	var req domain.RefundRequested
+	if err := env.Decode(&req); err != nil {
+		return result{dead, err}
+	}
+	if req.Attempt < 1 || req.RefundKey != domain.RefundKey(env.TenantID, env.AggregateID, req.Attempt) ||
+		req.Amount <= 0 || !domain.ValidCurrency(req.Currency) || req.ChargeID == "" {
+		return result{dead, fmt.Errorf("%w: refund.requested %s: attempt %d, key %q, amount %d %q, charge %q do not make a refund",
+			domain.ErrMalformedEvent, env.ID, req.Attempt, req.RefundKey, req.Amount, req.Currency, req.ChargeID)}
+	}
+	rf, err := w.provider.Refund(ctx, payment.RefundRequest{IdempotencyKey: req.RefundKey, ChargeID: req.ChargeID, Amount: req.Amount})
+	if err != nil {
+		return w.providerResult(RefundConsumer, fmt.Errorf("refund %s: %w", req.RefundKey, err))
+	}
+	if err := w.afterProviderCall(ctx, RefundConsumer, env.ID); err != nil {
+		return result{abandon, err}
+	}
+	out := command.RefundOutcome{RefundID: rf.ID, Amount: rf.Amount, Currency: rf.Currency,
+		Succeeded: rf.Status == payment.RefundSucceeded, Reason: rf.FailureReason}
+	if out.Currency == "" {
+		out.Currency = req.Currency
+	}
+	_, err = command.NewRecordRefundOutcomeHandler(w.db).Handle(ctx, command.RecordRefundOutcome{
+		TenantID: env.TenantID, OrderID: env.AggregateID, Attempt: req.Attempt, Consumer: RefundConsumer, EventID: env.ID, Refund: out,
+	})
+	if err != nil {
+		return recordResult(fmt.Errorf("record refund %s (%s): %w", req.RefundKey, rf.ID, err))
+	}
+	w.stats.refunded(out.Succeeded)
+	return result{verdict: done}
+}

@@ -1,0 +1,181 @@
+package settle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/stream"
+)
+
+// consumers pairs each durable consumer with the intent it settles.
+var consumers = []struct{ name, eventType string }{
+	{ChargeConsumer, domain.TypePaymentRequested},
+	{RefundConsumer, domain.TypeRefundRequested},
+}
+
+// Consumer creates or updates the durable consumer name (ChargeConsumer or
+// RefundConsumer) and returns it. Like the projector's, the server's
+// MaxDeliver is unlimited: the worker dead-letters an intent itself at
+// Config.MaxDeliver, so the server never drops one silently.
+func (w *Worker) Consumer(ctx context.Context, name string) (jetstream.Consumer, error) {
+	if w.js == nil {
+		return nil, errors.New("settle: this worker has no JetStream")
+	}
+	var eventType string
+	for _, c := range consumers {
+		if c.name == name {
+			eventType = c.eventType
+		}
+	}
+	if eventType == "" {
+		return nil, fmt.Errorf("settle: no consumer %q", name)
+	}
+	if _, err := stream.Open(ctx, w.js, stream.Settings{Replicas: w.cfg.StreamReplicas}); err != nil {
+		return nil, err
+	}
+	c, err := w.js.CreateOrUpdateConsumer(ctx, stream.Name, jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   "payment worker: " + eventType,
+		FilterSubject: stream.Subject(eventType),
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       w.cfg.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: w.cfg.MaxAckPending,
+		Replicas:      w.cfg.StreamReplicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create or update consumer %s: %w", name, err)
+	}
+	return c, nil
+}
+
+// Run settles intents of both consumers until ctx ends. It retries its
+// set-up while NATS is unreachable. On shutdown it finishes each intent in
+// hand (provider call, recording, ack) within Config.ShutdownTimeout and
+// hands the buffered ones back at once (Nak).
+func (w *Worker) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, c := range consumers {
+		g.Go(func() error { return w.consume(gctx, c.name) })
+	}
+	return g.Wait()
+}
+
+func (w *Worker) consume(ctx context.Context, name string) error {
+	var cons jetstream.Consumer
+	for {
+		var err error
+		if cons, err = w.Consumer(ctx, name); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		w.logger.ErrorContext(ctx, "payment worker set-up failed; retrying", "consumer", name, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(2 * time.Second):
+		}
+	}
+
+	msgs := make(chan jetstream.Msg, w.cfg.Concurrency)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+			_ = m.Nak()
+		}
+	},
+		jetstream.PullMaxMessages(w.cfg.Concurrency),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			w.logger.WarnContext(ctx, "consume", "consumer", name, "err", err)
+		}))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", name, err)
+	}
+	defer func() {
+		cc.Stop()
+		for {
+			select {
+			case m := <-msgs:
+				_ = m.Nak()
+			default:
+				return
+			}
+		}
+	}()
+
+	// The intents in hand are finished after ctx ends, within
+	// ShutdownTimeout: a provider call already made is recorded and acked
+	// rather than left to a redelivery.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopTimer := context.AfterFunc(ctx, func() { time.AfterFunc(w.cfg.ShutdownTimeout, cancelWork) })
+	defer stopTimer()
+
+	var wg sync.WaitGroup
+	for range w.cfg.Concurrency {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case m := <-msgs:
+					w.process(work, name, m)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+// process settles one delivered intent and acks, naks or terminates it.
+func (w *Worker) process(ctx context.Context, consumer string, m jetstream.Msg) {
+	var delivered uint64 = 1
+	var seq uint64
+	if md, err := m.Metadata(); err == nil {
+		delivered, seq = md.NumDelivered, md.Sequence.Stream
+	}
+	r := w.settle(ctx, consumer, m.Data(), delivered > 1)
+	switch r.verdict {
+	case done:
+		if err := m.Ack(); err != nil {
+			w.logger.WarnContext(ctx, "ack (the intent will be redelivered and found recorded)", "consumer", consumer, "stream_seq", seq, "err", err)
+		}
+	case abandon:
+		w.logger.WarnContext(ctx, "intent abandoned before recording; it will be redelivered after the ack wait", "consumer", consumer, "stream_seq", seq, "err", r.err)
+	case retry:
+		if int(delivered) < w.cfg.MaxDeliver {
+			delay := w.backoff(delivered)
+			w.logger.WarnContext(ctx, "intent failed; retrying with the same key", "consumer", consumer, "stream_seq", seq,
+				"delivery", delivered, "retry_in", delay, "err", r.err)
+			if err := m.NakWithDelay(delay); err != nil {
+				w.logger.WarnContext(ctx, "nak (the intent will be redelivered after the ack wait)", "consumer", consumer, "err", err)
+			}
+			return
+		}
+		r.err = fmt.Errorf("still failing after %d deliveries: %w", delivered, r.err)
+		fallthrough
+	case dead:
+		if err := w.deadLetter(ctx, consumer, m.Subject(), m.Data(), seq, delivered, r.err); err != nil {
+			w.logger.ErrorContext(ctx, "dead-letter failed; retrying the intent", "consumer", consumer, "stream_seq", seq, "err", err)
+			_ = m.NakWithDelay(w.backoff(delivered))
+			return
+		}
+		w.stats.deadLettered(consumer)
+		w.logger.ErrorContext(ctx, "intent dead-lettered", "consumer", consumer, "stream_seq", seq, "err", r.err)
+		if err := m.Term(); err != nil {
+			w.logger.WarnContext(ctx, "term (a redelivery finds the dead letter's outcome missing and tries again)", "consumer", consumer, "err", err)
+		}
+	}
+}

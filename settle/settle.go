@@ -1,0 +1,187 @@
+// Package settle is the payment worker's runtime: it consumes the intent
+// events (payment.requested, refund.requested) from JetStream, asks the
+// payment provider to charge or refund with the idempotency key the intent
+// carries, outside any transaction, and records the outcome through
+// command.RecordChargeOutcome / command.RecordRefundOutcome (one
+// transaction with an inbox row) before it acks.
+//
+// Every step may run again after a crash, a lost answer or a redelivery:
+// the provider replays its first answer for the same key, and the inbox
+// row makes a second recording a no-op. A failure no retry cures goes to
+// dead_letters (with the consumer's name in its projection column), where
+// `worker dead-letters retry|discard` resolves it.
+package settle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/acme/orders/payment"
+	"github.com/acme/orders/postgres"
+)
+
+// Provider is the payment provider as the worker uses it; payment.Stripe
+// implements it. Errors wrap payment.ErrTransient (retry with the same key)
+// or payment.ErrPermanent (dead-letter); a decline or a failed refund is an
+// outcome, not an error.
+type Provider interface {
+	Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error)
+	Refund(ctx context.Context, r payment.RefundRequest) (payment.Refund, error)
+	FindCharge(ctx context.Context, idempotencyKey string) (payment.Charge, bool, error)
+}
+
+var _ Provider = (*payment.Stripe)(nil)
+
+// The durable consumers, one per intent; their names are also the inbox's
+// consumer and the dead letters' projection.
+const (
+	ChargeConsumer = "payment_worker_charges"
+	RefundConsumer = "payment_worker_refunds"
+)
+
+// Consumers are the names of every consumer of the worker.
+var Consumers = []string{ChargeConsumer, RefundConsumer}
+
+// Defaults of Config.
+const (
+	// DefaultConcurrency is how many intents one process works on at once,
+	// per consumer.
+	DefaultConcurrency = 8
+	// DefaultAckWait is how long JetStream waits for an ack before it
+	// redelivers: longer than a provider call with the adapter's own
+	// network retries (3 × 10 s + backoff) and the recording after it.
+	DefaultAckWait = time.Minute
+	// DefaultMaxDeliver is how many deliveries an intent gets before it is
+	// dead-lettered.
+	DefaultMaxDeliver = 10
+	// DefaultMinBackoff and DefaultMaxBackoff bound the delay of a
+	// redelivery after a transient failure (doubling per delivery).
+	DefaultMinBackoff = 500 * time.Millisecond
+	DefaultMaxBackoff = 30 * time.Second
+	// DefaultMaxAckPending is each consumer's in-flight window: intents
+	// delivered and not yet acked, including those waiting out a backoff.
+	DefaultMaxAckPending = 1000
+	// DefaultShutdownTimeout bounds how long Run waits, once its context
+	// ends, for the intents in hand to be charged, recorded and acked.
+	DefaultShutdownTimeout = 30 * time.Second
+)
+
+// Config configures a Worker. A zero field takes its default.
+type Config struct {
+	// Concurrency is how many intents of each consumer this process works
+	// on at once (DefaultConcurrency).
+	Concurrency int
+	// AckWait: redeliver an intent after this long without an ack
+	// (DefaultAckWait; at least 1 s).
+	AckWait time.Duration
+	// MaxDeliver: dead-letter an intent after this many failed deliveries
+	// (DefaultMaxDeliver).
+	MaxDeliver int
+	// MinBackoff and MaxBackoff bound the redelivery delay after a
+	// transient failure (DefaultMinBackoff, DefaultMaxBackoff).
+	MinBackoff, MaxBackoff time.Duration
+	// MaxAckPending is each consumer's in-flight window
+	// (DefaultMaxAckPending).
+	MaxAckPending int
+	// ShutdownTimeout bounds the wait for intents in hand on stop
+	// (DefaultShutdownTimeout).
+	ShutdownTimeout time.Duration
+	// StreamReplicas is the replication of the stream (if this process
+	// creates it) and of the consumers (1 when 0).
+	StreamReplicas int
+	// AfterProviderCall, when set, runs after each provider call answered
+	// and before its outcome is recorded; a non-nil error abandons the
+	// intent there, neither recorded nor acked, as if the process had died
+	// (tests use it to crash in that window).
+	AfterProviderCall func(ctx context.Context, consumer string, eventID uuid.UUID) error
+}
+
+// Validate reports the first invalid field of c (after defaults), naming it.
+func (c Config) Validate() error { return c.setDefaults() }
+
+func (c *Config) setDefaults() error {
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = DefaultMaxDeliver
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = DefaultMinBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = DefaultMaxBackoff
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = DefaultMaxAckPending
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.StreamReplicas == 0 {
+		c.StreamReplicas = 1
+	}
+	switch {
+	case c.Concurrency < 1 || c.Concurrency > 256:
+		return fmt.Errorf("settle: Config.Concurrency must be 1 to 256, got %d", c.Concurrency)
+	case c.AckWait < time.Second:
+		return fmt.Errorf("settle: Config.AckWait must be at least 1s, got %s", c.AckWait)
+	case c.MaxDeliver < 1:
+		return fmt.Errorf("settle: Config.MaxDeliver must be at least 1, got %d", c.MaxDeliver)
+	case c.MinBackoff < 0 || c.MaxBackoff < c.MinBackoff:
+		return fmt.Errorf("settle: Config.MinBackoff (%s) and MaxBackoff (%s) must satisfy 0 ≤ min ≤ max", c.MinBackoff, c.MaxBackoff)
+	case c.MaxAckPending < 1:
+		return fmt.Errorf("settle: Config.MaxAckPending must be at least 1, got %d", c.MaxAckPending)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("settle: Config.ShutdownTimeout must not be negative, got %s", c.ShutdownTimeout)
+	case c.StreamReplicas < 1 || c.StreamReplicas > 5:
+		return fmt.Errorf("settle: Config.StreamReplicas must be 1 to 5, got %d", c.StreamReplicas)
+	}
+	return nil
+}
+
+// Worker settles payment and refund intents. Create it with New; Run
+// consumes until its context ends. It is safe to run in any number of
+// processes at once: they share the durable consumers.
+type Worker struct {
+	db       postgres.DB
+	js       jetstream.JetStream
+	provider Provider
+	logger   *slog.Logger
+	cfg      Config
+	stats    counters
+}
+
+// New returns a Worker that records in db (a *pgxpool.Pool), consumes from
+// js (nil for one that only resolves dead letters) and calls provider. It
+// returns an error naming an invalid Config field.
+func New(db postgres.DB, js jetstream.JetStream, provider Provider, logger *slog.Logger, cfg Config) (*Worker, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if db == nil || provider == nil {
+		return nil, errors.New("settle: New needs a database and a provider")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Worker{db: db, js: js, provider: provider, logger: logger, cfg: cfg}, nil
+}
+
+// backoff is the redelivery delay after the delivery-th failed delivery.
+func (w *Worker) backoff(delivery uint64) time.Duration {
+	d := w.cfg.MinBackoff
+	for i := uint64(1); i < delivery && d < w.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, w.cfg.MaxBackoff)
+}

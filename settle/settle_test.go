@@ -1,0 +1,358 @@
+package settle_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/fakepsp"
+	"github.com/acme/orders/fakepsp/fakepsptest"
+	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/payment"
+	"github.com/acme/orders/postgres"
+	"github.com/acme/orders/settle"
+	"github.com/acme/orders/stream"
+)
+
+// rig is one test's system: its database, JetStream, the local provider
+// over HTTP and the adapter on it.
+type rig struct {
+	db       *pgxpool.Pool
+	js       jetstream.JetStream
+	psp      *fakepsp.Server
+	provider *payment.Stripe
+	tenant   string
+}
+
+func newRig(t *testing.T, faults fakepsp.Faults) *rig {
+	t.Helper()
+	psp, hs := fakepsptest.Start(t, fakepsptest.DatabaseURL(t), fakepsp.Config{Faults: faults})
+	provider, err := payment.NewStripe(payment.Config{BaseURL: hs.URL, SecretKey: fakepsptest.SecretKey, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := testenv.JetStream(t)
+	if _, err := stream.Ensure(context.Background(), js, stream.Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	return &rig{db: testenv.DB(t), js: js, psp: psp, provider: provider, tenant: "acme"}
+}
+
+// start runs a worker until the test ends (or the returned stop is
+// called, which waits for it).
+func (r *rig) start(t *testing.T, cfg settle.Config) (*settle.Worker, func()) {
+	t.Helper()
+	if cfg.MinBackoff == 0 {
+		cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 200*time.Millisecond
+	}
+	w, err := settle.New(r.db, r.js, r.provider, nil, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("worker Run: %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Errorf("worker did not stop within 20s")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return w, stop
+}
+
+// order creates a pending order of 2 × 1250 EUR.
+func (r *rig) order(t *testing.T) uuid.UUID {
+	t.Helper()
+	var o domain.Order
+	err := postgres.InTx(context.Background(), r.db, func(tx pgx.Tx) error {
+		var err error
+		o, err = command.NewCreateOrderHandler().Handle(context.Background(), tx, command.CreateOrder{
+			TenantID: r.tenant, Key: uuid.NewString(),
+			NewOrder: domain.NewOrder{CustomerID: "c-1", Currency: "EUR", Lines: []domain.Line{{SKU: "sku-1", Quantity: 2, UnitPrice: 1250}}},
+		})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("create order: %v", err)
+	}
+	return o.ID
+}
+
+func (r *rig) pay(t *testing.T, id uuid.UUID, method string) {
+	t.Helper()
+	err := postgres.InTx(context.Background(), r.db, func(tx pgx.Tx) error {
+		_, err := command.NewPayOrderHandler().Handle(context.Background(), tx, command.PayOrder{TenantID: r.tenant, OrderID: id, PaymentMethod: method})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("pay order: %v", err)
+	}
+}
+
+func (r *rig) cancel(t *testing.T, id uuid.UUID) {
+	t.Helper()
+	err := postgres.InTx(context.Background(), r.db, func(tx pgx.Tx) error {
+		_, err := command.NewCancelOrderHandler().Handle(context.Background(), tx, command.CancelOrder{TenantID: r.tenant, OrderID: id, Reason: "changed my mind"})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("cancel order: %v", err)
+	}
+}
+
+// publish publishes the order's newest event of eventType as the relay
+// does; each copy > 0 is published again under another message id, as a
+// republish beyond the duplicate window would be.
+func (r *rig) publish(t *testing.T, id uuid.UUID, eventType string, copies int) {
+	t.Helper()
+	var ev uuid.UUID
+	var payload []byte
+	if err := r.db.QueryRow(context.Background(), `SELECT id, payload::text FROM outbox WHERE aggregate_id = $1 AND event_type = $2
+ORDER BY aggregate_version DESC LIMIT 1`, id, eventType).Scan(&ev, &payload); err != nil {
+		t.Fatalf("read %s of order %s: %v", eventType, id, err)
+	}
+	for i := 0; i <= copies; i++ {
+		msgID := ev.String()
+		if i > 0 {
+			msgID += "-copy-" + string(rune('0'+i))
+		}
+		if _, err := r.js.Publish(context.Background(), stream.Subject(eventType), payload, jetstream.WithMsgID(msgID)); err != nil {
+			t.Fatalf("publish %s: %v", eventType, err)
+		}
+	}
+}
+
+func (r *rig) get(t *testing.T, id uuid.UUID) (status string, refund string, version int64) {
+	t.Helper()
+	if err := r.db.QueryRow(context.Background(), `SELECT status, coalesce(refund->>'status', ''), version FROM orders WHERE id = $1`, id).
+		Scan(&status, &refund, &version); err != nil {
+		t.Fatalf("read order: %v", err)
+	}
+	return status, refund, version
+}
+
+func (r *rig) waitStatus(t *testing.T, id uuid.UUID, want string, within time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, within, "order "+want, func() bool { s, _, _ := r.get(t, id); return s == want })
+}
+
+// succeededCharges counts the provider's succeeded charges of key.
+func succeededCharges(l fakepsp.Ledger, key string) (n int) {
+	for _, c := range l.Charges {
+		if c.IdempotencyKey != nil && *c.IdempotencyKey == key && c.Status == "succeeded" {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *rig) assertOneCharge(t *testing.T, id uuid.UUID) {
+	t.Helper()
+	l := fakepsptest.Ledger(t, r.psp)
+	succeeded := 0
+	for _, c := range l.Charges {
+		if c.Metadata["order_id"] == id.String() && c.Status == "succeeded" {
+			succeeded++
+		}
+	}
+	if succeeded != 1 {
+		t.Fatalf("the provider has %d succeeded charges of order %s, want 1: %+v", succeeded, id, l.Charges)
+	}
+	var rows int
+	if err := r.db.QueryRow(context.Background(), `SELECT count(*) FROM payments WHERE order_id = $1 AND kind = 'charge' AND status = 'succeeded'`, id).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 {
+		t.Fatalf("%d succeeded charge rows in payments, want 1", rows)
+	}
+}
+
+// The provider commits the charge, then drops the connection: the retry
+// with the same key gets the same charge, and the order is paid once.
+func TestLostResponseRetryGetsTheSameCharge(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{LoseNext: 2, LoseMode: fakepsp.LoseClose})
+	r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+	if lost := r.psp.Stats(); lost.LostResponses < 1 {
+		t.Fatalf("no response was lost (%+v): the test proves nothing", lost)
+	}
+}
+
+// A worker killed after the provider charged and before it recorded the
+// outcome, then restarted, charges nothing twice.
+func TestWorkerKilledBetweenProviderCallAndCommitChargesOnce(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	var killed atomic.Bool
+	kill := make(chan struct{})
+	_, stop := r.start(t, settle.Config{AckWait: time.Second, AfterProviderCall: func(context.Context, string, uuid.UUID) error {
+		if killed.CompareAndSwap(false, true) {
+			close(kill)
+			return errors.New("killed after the provider call")
+		}
+		return nil
+	}})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	select {
+	case <-kill:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the worker never called the provider")
+	}
+	stop()
+	if s, _, _ := r.get(t, id); s != "payment_pending" {
+		t.Fatalf("order is %s after the crash, want payment_pending (nothing recorded)", s)
+	}
+	if n := succeededCharges(fakepsptest.Ledger(t, r.psp), domain.ChargeKey(r.tenant, id, 1)); n != 1 {
+		t.Fatalf("%d charges before the restart, want 1 (the crash came after the provider call)", n)
+	}
+	r.start(t, settle.Config{AckWait: time.Second})
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+}
+
+// A payment.requested delivered several times (republished beyond the
+// duplicate window, and to two workers at once) makes one charge.
+func TestDuplicatedPaymentRequestMakesOneCharge(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{LatencyMS: 100})
+	r.start(t, settle.Config{})
+	r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 3)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	// every copy is consumed (the stream holds four)
+	testenv.Eventually(t, 15*time.Second, "every copy acked", func() bool {
+		c, err := r.js.Consumer(context.Background(), stream.Name, settle.ChargeConsumer)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+	r.assertOneCharge(t, id)
+	if _, _, v := r.get(t, id); v != 3 {
+		t.Fatalf("order version %d, want 3 (created, payment requested, paid)", v)
+	}
+}
+
+// A decline makes the order payment_failed; paying again (a new attempt,
+// a new key) ends paid, with exactly one succeeded charge.
+func TestDeclinedThenRetriedEndsPaidWithOneCharge(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	w, _ := r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, "pm_card_chargeDeclined")
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "payment_failed", 15*time.Second)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+	if s := w.Stats(); s.ChargesDeclined != 1 || s.ChargesSucceeded != 1 {
+		t.Fatalf("stats %+v, want one decline and one success", s)
+	}
+}
+
+// Cancelling a paid order refunds it once, however often the intent is
+// delivered.
+func TestRefundAfterCancelIsMadeOnce(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.cancel(t, id)
+	r.publish(t, id, domain.TypeRefundRequested, 2)
+	testenv.Eventually(t, 15*time.Second, "refund succeeded", func() bool { _, rf, _ := r.get(t, id); return rf == "succeeded" })
+	time.Sleep(300 * time.Millisecond) // let the copies arrive
+	l := fakepsptest.Ledger(t, r.psp)
+	if len(l.Refunds) != 1 || l.Refunds[0].Amount != 2500 || l.Refunds[0].Status != "succeeded" {
+		t.Fatalf("refunds at the provider: %+v, want one of 2500", l.Refunds)
+	}
+}
+
+// A provider that fails keeps the order payment_pending, retried with the
+// same key; nothing is lost, and it completes once the provider is back.
+func TestProviderDownThenBack(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{ErrorRate: 1})
+	w, _ := r.start(t, settle.Config{MaxDeliver: 1000})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	testenv.Eventually(t, 15*time.Second, "transient failures", func() bool { return w.Stats().ChargeTransient >= 3 })
+	if s, _, _ := r.get(t, id); s != "payment_pending" {
+		t.Fatalf("order is %s while the provider fails, want payment_pending", s)
+	}
+	if err := r.psp.SetFaults(fakepsp.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+}
+
+// A permanent provider failure dead-letters the intent at once; `retry`
+// settles it after the cause is fixed, with the same key.
+func TestPermanentFailureIsDeadLetteredAndRetried(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	w, _ := r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, "pm_card_unknown") // the provider refuses it: 400
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	var dls []settle.DeadLetter
+	testenv.Eventually(t, 15*time.Second, "a dead letter", func() bool {
+		var err error
+		dls, err = settle.ListDeadLetters(context.Background(), r.db, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(dls) == 1
+	})
+	if dls[0].Consumer != settle.ChargeConsumer || dls[0].Deliveries != 1 {
+		t.Fatalf("dead letter %+v: want the charge consumer's, on the first delivery", dls[0])
+	}
+	if err := w.RetryDeadLetter(context.Background(), dls[0].ID); err == nil {
+		t.Fatal("retry of a still-refused charge succeeded")
+	}
+	if err := w.DiscardDeadLetter(context.Background(), dls[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.DiscardDeadLetter(context.Background(), dls[0].ID); !errors.Is(err, settle.ErrNoDeadLetter) {
+		t.Fatalf("second discard: %v, want ErrNoDeadLetter", err)
+	}
+	if s, _, _ := r.get(t, id); s != "payment_pending" {
+		t.Fatalf("order %s", s)
+	}
+}

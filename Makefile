@@ -46,14 +46,18 @@ FUZZ_TARGETS := FuzzCreateOrder:./httpapi
 FUZZTIME ?= 15s
 fuzz_all = for t in $(FUZZ_TARGETS); do go test -run='^$$' -fuzz="^$${t%%:*}$$" -fuzztime=$(1) "$${t\#*:}"; done
 
+# The noisy-neighbour test compares latencies, so it runs alone, after the
+# other packages' tests (which run in parallel with each other).
+NOISY_TEST := ^TestNoisyNeighbour$$
+
 test: ## Run all tests and a short fuzz run against a throwaway PostgreSQL (127.0.0.1:54349)
-	@$(call with_test_pg,go test -count=1 ./... && $(call fuzz_all,15s))
+	@$(call with_test_pg,go test -count=1 -skip '$(NOISY_TEST)' ./... && go test -count=1 -run '$(NOISY_TEST)' ./internal/app && $(call fuzz_all,15s))
 
 fuzz: ## Fuzz the HTTP API for longer (FUZZTIME=5m)
 	@$(call with_test_pg,$(call fuzz_all,$(FUZZTIME)))
 
-test/race: ## Like test, with the race detector
-	@$(call with_test_pg,go test -race -count=1 ./...)
+test/race: ## Like test, with the race detector (without the noisy-neighbour test: it times latencies)
+	@$(call with_test_pg,go test -race -count=1 -skip '$(NOISY_TEST)' ./...)
 
 e2e: ## Start a fresh stack in .local/e2e and run api.http against it with httpyac
 	@scripts/stack.sh e2e

@@ -57,7 +57,7 @@ type AttackResult struct {
 	// excess (or, for an attack with nothing to shed, that it was made).
 	Shed int
 	// Quiet is the quiet tenant's last measured phase under the attack;
-	// Attempts how many phases were measured (2 if the first was over
+	// Attempts how many phases were measured (more than 1 if the first was over
 	// Bound: see Run).
 	Quiet    Workload
 	Attempts int

@@ -75,7 +75,12 @@ func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstrea
 		// A server older than 2.12 does not know atomic batches, and one
 		// that refuses unknown fields refuses the whole request: ask for
 		// the stream without them (the relay then publishes message by
-		// message).
+		// message). A newer server's error is something else (a cluster
+		// still electing its leader, say): return it, so the caller tries
+		// again, rather than settle for a stream without atomic batches.
+		if !olderThanAtomic(js.Conn().ConnectedServerVersion()) {
+			return nil, fmt.Errorf("create or update stream %s: %w", Name, err)
+		}
 		cfg.AllowAtomicPublish = false
 		var retryErr error
 		if s, retryErr = js.CreateOrUpdateStream(ctx, cfg); retryErr == nil {
@@ -112,4 +117,15 @@ func upToDate(have, want jetstream.StreamConfig) bool {
 		have.Duplicates == want.Duplicates &&
 		have.Replicas == want.Replicas &&
 		have.AllowAtomicPublish == want.AllowAtomicPublish
+}
+
+// olderThanAtomic reports whether a nats-server of version (such as
+// "2.10.22") predates atomic batches (2.12). An unknown version is taken as
+// older, as before the check existed.
+func olderThanAtomic(version string) bool {
+	var major, minor int
+	if _, err := fmt.Sscanf(version, "%d.%d", &major, &minor); err != nil {
+		return true
+	}
+	return major < 2 || major == 2 && minor < 12
 }

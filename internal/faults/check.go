@@ -210,10 +210,10 @@ func ledgerViolations(l fakepsp.Ledger, orders []orderRow, rows []paymentRow) (o
 	}
 	var entries []entry
 	for _, c := range l.Charges {
-		entries = append(entries, entry{"charge", c.Metadata["order_id"], deref(c.IdempotencyKey), c.ID, c.ChargeID, c.Status, c.Currency, c.Amount})
+		entries = append(entries, entry{"charge", orderOf(c.Metadata, deref(c.IdempotencyKey)), deref(c.IdempotencyKey), c.ID, c.ChargeID, c.Status, c.Currency, c.Amount})
 	}
 	for _, r := range l.Refunds {
-		entries = append(entries, entry{"refund", r.Metadata["order_id"], deref(r.IdempotencyKey), r.ID, r.ID, r.Status, r.Currency, r.Amount})
+		entries = append(entries, entry{"refund", orderOf(r.Metadata, deref(r.IdempotencyKey)), deref(r.IdempotencyKey), r.ID, r.ID, r.Status, r.Currency, r.Amount})
 	}
 	ours := map[string]paymentRow{}
 	for _, r := range rows {
@@ -295,6 +295,19 @@ func ledgerViolations(l fakepsp.Ledger, orders []orderRow, rows []paymentRow) (o
 		}
 	}
 	return out, secondCharges
+}
+
+// orderOf is the order a provider entry is for: its metadata's order_id,
+// else the id in its key (<tenant>:order:<id>:charge|refund:<attempt>).
+func orderOf(metadata map[string]string, key string) string {
+	if id := metadata["order_id"]; id != "" {
+		return id
+	}
+	if _, rest, ok := strings.Cut(key, ":order:"); ok {
+		id, _, _ := strings.Cut(rest, ":")
+		return id
+	}
+	return ""
 }
 
 func deref(s *string) string {

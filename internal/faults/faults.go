@@ -150,7 +150,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 999))
 	order := rng.Perm(len(Kinds))
 	faultsEnd := time.Now().Add(cfg.Duration)
-	for n := 0; time.Now().Before(faultsEnd) && ctx.Err() == nil; n++ {
+	// Past Duration only to inject each kind once (a short run with slow
+	// kinds would otherwise miss some).
+	for n := 0; (n < len(order) || time.Now().Before(faultsEnd)) && ctx.Err() == nil; n++ {
 		kind := Kinds[rng.IntN(len(Kinds))]
 		if n < len(order) {
 			kind = Kinds[order[n]]
@@ -270,7 +272,7 @@ func (s *stack) inject(ctx context.Context, kind string, rng *rand.Rand) error {
 		return s.killPaymentWorker(ctx, pick("worker"), rng, briefly)
 	case "psp-lost-responses":
 		mode := []string{fakepsp.LoseClose, fakepsp.LoseStall}[rng.IntN(2)]
-		return s.pspFaultFor(ctx, fakepsp.Faults{LoseResponseRate: 0.2 + 0.3*rng.Float64(), LoseMode: mode}, 2*briefly())
+		return s.pspFaultFor(ctx, fakepsp.Faults{LoseResponseRate: 0.2 + 0.3*rng.Float64(), LoseMode: mode}, 2*time.Second+2*briefly())
 	case "psp-errors":
 		return s.pspFaultFor(ctx, fakepsp.Faults{ErrorRate: 0.2 + 0.5*rng.Float64()}, 2*briefly())
 	case "restart-psp":

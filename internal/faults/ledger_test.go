@@ -16,8 +16,8 @@ func TestLedgerViolations(t *testing.T) {
 			Metadata: map[string]string{"order_id": order}}
 	}
 	refund := func(order, k, id, status string, amount int64) fakepsp.LedgerRefund {
-		return fakepsp.LedgerRefund{ID: id, IdempotencyKey: key(k), Amount: amount, Currency: "eur", Status: status,
-			Metadata: map[string]string{"order_id": order}}
+		// Refunds carry no order_id in their metadata: the key names it.
+		return fakepsp.LedgerRefund{ID: id, IdempotencyKey: key(k), Amount: amount, Currency: "eur", Status: status}
 	}
 	row := func(order, kind, k, id, status string, amount int64) paymentRow {
 		return paymentRow{OrderID: order, Kind: kind, Key: k, ProviderID: id, Amount: amount, Currency: "EUR", Status: status}

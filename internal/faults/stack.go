@@ -144,7 +144,11 @@ func (s *stack) up(ctx context.Context) error {
 				return err
 			}
 			name := fmt.Sprintf("%s-%d", svc.name, i)
-			s.procs[name] = &proc{name: name, args: svc.args, port: port, env: append(append([]string{}, commonEnv...), svc.env(port)...)}
+			bin := svc.name
+			if bin == "relay" {
+				bin = "api" // an api process that gets no traffic
+			}
+			s.procs[name] = &proc{name: name, bin: bin, args: svc.args, port: port, env: append(append([]string{}, commonEnv...), svc.env(port)...)}
 		}
 	}
 	// The payment provider (fakepsp, its ledger in its own database on the

@@ -86,7 +86,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	r := &runner{cfg: cfg, s: &stack{root: cfg.Root, dir: cfg.Dir, natsSync: cfg.NATSSync}, rep: &Report{When: time.Now().UTC(), Machine: machine()}}
-	r.say("starting PostgreSQL (durable settings), nats-server (sync always), api (relay on), projector in %s", cfg.Dir)
+	r.say("starting PostgreSQL (durable settings), nats-server (sync always), api (relay on), projector, fakepsp, payment worker in %s", cfg.Dir)
 	defer r.s.down()
 	if err := r.s.up(ctx); err != nil {
 		return nil, err

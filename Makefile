@@ -84,7 +84,7 @@ migrate: ## Apply database migrations (DATABASE_URL, or the PostgreSQL of `make 
 DURATION ?= 3m
 NOISY_PHASE ?= 15s
 
-faults: ## Fault suite: noisy neighbour, then crashes, restarts, network faults under load, then the invariant check (SEED=…, DURATION=3m, NOISY_PHASE=15s)
+faults: ## Fault suite: noisy neighbour, then crashes, restarts, network and payment-provider faults under load, then the invariant check (read models, provider ledger) (SEED=…, DURATION=3m, NOISY_PHASE=15s)
 	@go run ./cmd/faults $(if $(SEED),-seed $(SEED)) -duration $(DURATION) -noisy-phase $(NOISY_PHASE)
 
 faults-short: ## A short fault-suite run (3 s noisy-neighbour phases, 45 s of faults; part of CI)

@@ -1,7 +1,8 @@
 // Command faults runs the fault-injection suite (internal/faults): the real
-// api and projector binaries, PostgreSQL and nats-server as separate
-// processes, careful clients, a seeded schedule of crashes, restarts and
-// network faults, and an invariant check after the system drained; before
+// api, projector, payment worker and fakepsp binaries, PostgreSQL and
+// nats-server as separate processes, careful clients, a seeded schedule of
+// crashes, restarts, network and payment-provider faults, and an invariant
+// check after the system drained (the provider's ledger included); before
 // the faults, a noisy-neighbour run (internal/noisy) on the healthy system. It
 // prints a one-screen report and exits 1 on any violation.
 //

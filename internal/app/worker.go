@@ -8,12 +8,15 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
@@ -79,6 +82,8 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", DefaultWorkerPoolSize, "most PostgreSQL connections of this process")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
+	crashAfter := env.Int(fs, "test-crash-after-provider-calls", "WORKER_TEST_CRASH_AFTER_PROVIDER_CALLS", 0,
+		"TEST ONLY (the fault suite): SIGKILL this process right after its N-th provider answer, before recording it (0: never)")
 	all := fs.Bool("all", false, "dead-letters list: also the resolved ones")
 	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -105,7 +110,11 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	cfg := settle.Config{Concurrency: *concurrency, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas}
+	if *crashAfter < 0 {
+		return fmt.Errorf("-test-crash-after-provider-calls must not be negative, got %d", *crashAfter)
+	}
+	cfg := settle.Config{Concurrency: *concurrency, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas,
+		AfterProviderCall: crashAfterProviderCalls(*crashAfter, killSelf)}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("-concurrency, -ack-wait, -max-deliver, -stream-replicas: %w", err)
 	}
@@ -177,6 +186,33 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 		"duration", time.Since(time.Unix(0, stopping.Load())), "err", err)
 	return err
 }
+
+// errCrashed abandons an intent whose process is being killed by the
+// test-only crash hook.
+var errCrashed = errors.New("test crash hook: process killed after the provider answered")
+
+// crashAfterProviderCalls is the test-only hook of
+// WORKER_TEST_CRASH_AFTER_PROVIDER_CALLS: it calls crash at the n-th
+// provider answer and at every later one, before the outcome is recorded,
+// and abandons those intents (errCrashed) in case crash returns. n = 0 is no
+// hook (nil). Safe for concurrent use.
+func crashAfterProviderCalls(n int, crash func()) func(context.Context, string, uuid.UUID) error {
+	if n <= 0 {
+		return nil
+	}
+	var calls atomic.Int64
+	return func(context.Context, string, uuid.UUID) error {
+		if calls.Add(1) < int64(n) {
+			return nil
+		}
+		crash()
+		return errCrashed
+	}
+}
+
+// killSelf kills this process with SIGKILL: no deferred call, no graceful
+// shutdown, exactly as `kill -9` would.
+func killSelf() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
 
 // ProviderReady is a readiness check of the provider at baseURL: for
 // Stripe (api.stripe.com) an authenticated GET /v1/balance, the cheapest

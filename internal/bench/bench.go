@@ -7,6 +7,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,7 +37,7 @@ type Config struct {
 	Phase     time.Duration // length of each load measurement
 	Clients   []int         // concurrency levels of create and replay
 	Backlog   int           // events of the drain measurements
-	Only      string        // "load" or "drain" to measure only those; "" for all
+	Only      string        // "load", "drain" or "pay" to measure only those; "" for all
 	NATSSync  string        // the store's sync_interval; "" for always (the production setting)
 	Out       io.Writer
 }
@@ -85,19 +86,31 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	r := &runner{cfg: cfg, s: &stack{root: cfg.Root, dir: cfg.Dir, natsSync: cfg.NATSSync}, rep: &Report{When: time.Now().UTC(), Machine: machine()}}
-	r.say("starting PostgreSQL (durable settings), nats-server (sync always), api (relay on), projector in %s", cfg.Dir)
+	r.say("starting PostgreSQL (durable settings), nats-server (sync always), api (relay on), projector, fakepsp, payment worker in %s", cfg.Dir)
 	defer r.s.down()
 	if err := r.s.up(ctx); err != nil {
 		return nil, err
 	}
 	r.base = fmt.Sprintf("http://127.0.0.1:%d", r.s.apiPort)
 
-	if cfg.Only != "drain" {
+	switch cfg.Only {
+	case "", "load":
 		if err := r.load(ctx); err != nil {
 			return nil, err
 		}
+	case "pay":
+		// The maximal create rate (and orders to pay) from one create phase.
+		c := slices.Max(cfg.Clients)
+		row := r.attack(ctx, "create", c, r.createTargeter())
+		r.add(row)
+		if err := r.waitIdle(ctx, 5*time.Minute); err != nil {
+			return nil, err
+		}
+		if err := r.payToPaid(ctx, row.Rate); err != nil {
+			return nil, err
+		}
 	}
-	if cfg.Only != "load" {
+	if cfg.Only == "" || cfg.Only == "drain" {
 		if err := r.drain(ctx); err != nil {
 			return nil, err
 		}
@@ -187,6 +200,90 @@ func (r *runner) load(ctx context.Context) error {
 	if err := r.endToEnd(ctx, maxCreate); err != nil {
 		return err
 	}
+	if err := r.waitIdle(ctx, 5*time.Minute); err != nil {
+		return err
+	}
+	return r.payToPaid(ctx, maxCreate)
+}
+
+// payToPaid pays orders the load phases created (still pending) at 25% of
+// the maximal create rate and measures, for each 202, the time until the
+// order reads back paid from the read model (GET ?min_version=its version
+// + 1, woken by the projector's NOTIFY): the relay, the worker's provider
+// call (fakepsp) and recording, the relay again and the projector.
+func (r *runner) payToPaid(ctx context.Context, maxCreate float64) error {
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
+	defer client.CloseIdleConnections()
+	r.idsMu.Lock()
+	ids := slices.Clone(r.ids)
+	r.idsMu.Unlock()
+	if len(ids) == 0 {
+		return errors.New("pay → paid: no orders to pay")
+	}
+	var next atomic.Uint64
+	tr := func(t *vegeta.Target) error {
+		n := next.Add(1)
+		t.Method, t.URL, t.Body = http.MethodPost, r.base+"/v1/orders/"+ids[int(n)%len(ids)]+"/pay", []byte(`{}`)
+		t.Header = r.header(fmt.Sprintf("bench-pay-%d", n))
+		return nil
+	}
+	a := vegeta.NewAttacker(vegeta.Workers(64), vegeta.MaxWorkers(1024), vegeta.KeepAlive(true), vegeta.Timeout(30*time.Second))
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	accepted, sent, notPaid := 0, 0, 0
+	start := time.Now()
+	for res := range a.Attack(tr, vegeta.ConstantPacer{Freq: max(1, int(0.25*maxCreate)), Per: time.Second}, r.cfg.Phase, "pay") {
+		sent++
+		if res.Code != http.StatusAccepted {
+			continue
+		}
+		accepted++
+		var paying struct {
+			ID      string `json:"id"`
+			Version int    `json:"version"`
+		}
+		if err := json.Unmarshal(res.Body, &paying); err != nil || paying.ID == "" {
+			continue
+		}
+		got := res.Timestamp.Add(res.Latency)
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/v1/orders/%s?min_version=%d", r.base, paying.ID, paying.Version+1), nil)
+			req.Header = r.header("")
+			req.Header.Set("Prefer", "wait=10")
+			resp, err := client.Do(req)
+			if err != nil {
+				return
+			}
+			var order struct{ Status string }
+			err = json.NewDecoder(resp.Body).Decode(&order)
+			resp.Body.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil || resp.StatusCode != http.StatusOK || order.Status != "paid" {
+				notPaid++
+				return
+			}
+			lat = append(lat, time.Since(got))
+		})
+	}
+	wg.Wait()
+	achieved := float64(accepted) / time.Since(start).Seconds()
+	slices.Sort(lat)
+	q := func(p float64) float64 {
+		if len(lat) == 0 {
+			return 0
+		}
+		return ms(lat[min(len(lat)-1, int(p*float64(len(lat))))])
+	}
+	p99 := q(0.99)
+	row := Row{Name: "pay → paid (25% of max)", Rate: achieved, P50: q(0.50), P95: q(0.95), P99: p99,
+		Note:   "pay 202 → paid visible on the query side (relay, worker, fakepsp, projector)",
+		Target: "p99 < 100 ms", Met: ptr(p99 < 100 && accepted == sent && notPaid == 0 && len(lat) > 0)}
+	if accepted < sent || notPaid > 0 {
+		row.Note += fmt.Sprintf("; %d of %d pays not 202, %d not read back paid", sent-accepted, sent, notPaid)
+	}
+	r.add(row)
 	return nil
 }
 

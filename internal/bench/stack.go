@@ -17,15 +17,18 @@ import (
 	"github.com/acme/orders/internal/harness"
 )
 
-// stack is PostgreSQL, nats-server, one api (relay on) and one projector,
-// each a separate process, with state under dir.
+// stack is PostgreSQL, nats-server, one api (relay on), one projector, the
+// payment provider (fakepsp) and one payment worker, each a separate
+// process, with state under dir.
 type stack struct {
-	root, dir          string
-	pgPort, natsPort   int
-	apiPort, projPort  int
-	api, projector     *exec.Cmd
-	databaseURL, token string
-	natsSync           string // NATS_SYNC_INTERVAL; "" for always
+	root, dir           string
+	pgPort, natsPort    int
+	apiPort, projPort   int
+	pspPort, workerPort int
+	api, projector      *exec.Cmd
+	psp, worker         *exec.Cmd
+	databaseURL, token  string
+	natsSync            string // NATS_SYNC_INTERVAL; "" for always
 }
 
 // sh runs a command in the module's root, its output to scripts.log.
@@ -37,7 +40,7 @@ func (s *stack) up(ctx context.Context) error {
 	if err := harness.BuildServices(ctx, s.root, filepath.Join(s.dir, "bin"), filepath.Join(s.dir, "scripts.log")); err != nil {
 		return err
 	}
-	for _, port := range []*int{&s.pgPort, &s.natsPort, &s.apiPort, &s.projPort} {
+	for _, port := range []*int{&s.pgPort, &s.natsPort, &s.apiPort, &s.projPort, &s.pspPort, &s.workerPort} {
 		var err error
 		if *port, err = harness.FreePort(); err != nil {
 			return err
@@ -65,6 +68,22 @@ func (s *stack) up(ctx context.Context) error {
 		return err
 	}
 	if err := harness.WaitReady(ctx, s.projPort, 60*time.Second, "projector"); err != nil {
+		return err
+	}
+	// The payment provider keeps its ledger in its own database on the same
+	// server; the worker is ready once the provider answers.
+	var err error
+	if s.psp, err = s.startProcess("fakepsp", fmt.Sprintf("FAKEPSP_ADDR=127.0.0.1:%d", s.pspPort)); err != nil {
+		return err
+	}
+	if err := harness.WaitOK(ctx, fmt.Sprintf("http://127.0.0.1:%d/healthz", s.pspPort), 60*time.Second, "fakepsp"); err != nil {
+		return err
+	}
+	if s.worker, err = s.startProcess("worker", fmt.Sprintf("PAYMENT_PROVIDER_URL=http://127.0.0.1:%d", s.pspPort),
+		fmt.Sprintf("WORKER_HTTP_ADDR=127.0.0.1:%d", s.workerPort)); err != nil {
+		return err
+	}
+	if err := harness.WaitReady(ctx, s.workerPort, 60*time.Second, "worker"); err != nil {
 		return err
 	}
 	out, err := exec.CommandContext(ctx, filepath.Join(s.dir, "bin", "api"), "token", "create", "-tenant", "bench", "-database-url", s.databaseURL).Output()
@@ -140,6 +159,8 @@ func peakRSS(cmd *exec.Cmd) float64 {
 func (s *stack) down() {
 	stopProcess(s.api)
 	stopProcess(s.projector)
+	stopProcess(s.worker)
+	stopProcess(s.psp)
 	ctx := context.Background()
 	_ = s.sh(ctx, "scripts/nats.sh", "stop", filepath.Join(s.dir, "nats"))
 	_ = s.sh(ctx, "scripts/pg.sh", "stop", filepath.Join(s.dir, "pg"))

@@ -20,11 +20,15 @@ type op struct {
 	Kind     string // create, pay, ship, cancel
 	Key      string
 	OrderID  string
-	Body     string // what a create asked for
+	Body     string // what a create or pay asked for
 	Attempts int
 	Status   int // final status; 0 if the client gave up
 	Response []byte
 	Total    int64 // expected total of a create
+	// Settled is the order's status a pay's client saw once the payment
+	// settled (paid, payment_failed, or shipped/cancelled meanwhile); ""
+	// if it did not see it settle within its patience.
+	Settled string
 }
 
 // definitive reports whether the answer settles the operation: a success,
@@ -52,8 +56,18 @@ type client struct {
 	http     *http.Client
 	deadline time.Duration // per operation
 	ops      []*op
-	orders   []string // ids of orders this client created
+	orders   []*clientOrder // orders this client created
 	retries  *atomic.Int64
+}
+
+// declining is the test card the clients pay with now and then: the
+// provider declines it, and the client pays again with the default card.
+const declining = "pm_card_chargeDeclined"
+
+// clientOrder is what a client knows of an order it created.
+type clientOrder struct {
+	id   string
+	paid bool // the client saw it paid (and has not shipped or cancelled it)
 }
 
 func (c *client) run(ctx context.Context, wg *sync.WaitGroup) {
@@ -63,30 +77,93 @@ func (c *client) run(ctx context.Context, wg *sync.WaitGroup) {
 		if len(c.orders) > 0 && c.rng.IntN(10) >= 4 {
 			kind = []string{"pay", "pay", "ship", "cancel"}[c.rng.IntN(4)]
 		}
+		var paid []*clientOrder
+		for _, o := range c.orders {
+			if o.paid {
+				paid = append(paid, o)
+			}
+		}
+		if kind == "ship" && len(paid) == 0 {
+			kind = "pay" // ship only what was seen paid
+		}
 		o := &op{Kind: kind, Key: fmt.Sprintf("%s-%d-%d", kind, c.id, n)}
 		method, path, body := http.MethodPost, "/v1/orders", ""
-		if kind == "create" {
+		var target *clientOrder
+		switch kind {
+		case "create":
 			qty, price := 1+c.rng.Int64N(5), 100+c.rng.Int64N(10000)
 			currency := []string{"EUR", "USD", "JPY"}[c.rng.IntN(3)]
 			body = fmt.Sprintf(`{"customer_id":"c-%d-%d","currency":%q,"items":[{"sku":"s-%d","quantity":%d,"unit_price":%d}]}`,
 				c.id, c.rng.IntN(5), currency, c.rng.IntN(20), qty, price)
 			o.Body, o.Total = body, qty*price
-		} else {
-			o.OrderID = c.orders[c.rng.IntN(len(c.orders))]
-			path = "/v1/orders/" + o.OrderID + "/" + kind
-			if kind == "cancel" {
-				body = `{"reason":"fault suite"}`
+		case "ship":
+			target = paid[c.rng.IntN(len(paid))]
+		case "cancel":
+			if len(paid) > 0 && c.rng.IntN(2) == 0 {
+				target = paid[c.rng.IntN(len(paid))] // a paid order: its cancel asks for a refund
+			} else {
+				target = c.orders[c.rng.IntN(len(c.orders))]
 			}
+			body = `{"reason":"fault suite"}`
+		case "pay":
+			target = c.orders[c.rng.IntN(len(c.orders))]
+			if c.rng.IntN(6) == 0 {
+				body = `{"payment_method":"` + declining + `"}`
+			}
+		}
+		if target != nil {
+			o.OrderID, o.Body = target.id, body
+			path = "/v1/orders/" + target.id + "/" + kind
 		}
 		c.do(o, method, path, body)
 		c.ops = append(c.ops, o)
-		if kind == "create" && o.Status == http.StatusCreated {
+		switch {
+		case kind == "create" && o.Status == http.StatusCreated:
 			var created struct{ ID string }
 			_ = json.Unmarshal(o.Response, &created)
 			o.OrderID = created.ID
-			c.orders = append(c.orders, created.ID)
+			c.orders = append(c.orders, &clientOrder{id: created.ID})
+		case kind == "pay" && (o.Status == http.StatusAccepted || o.Status == http.StatusOK):
+			o.Settled = c.awaitPayment(target.id)
+			target.paid = o.Settled == "paid"
+			if o.Settled == "payment_failed" && body != "" && ctx.Err() == nil {
+				// Declined: pay again with the default card, as a buyer would.
+				again := &op{Kind: "pay", Key: fmt.Sprintf("pay-again-%d-%d", c.id, n), OrderID: target.id}
+				c.do(again, http.MethodPost, path, "")
+				c.ops = append(c.ops, again)
+				if again.Status == http.StatusAccepted || again.Status == http.StatusOK {
+					again.Settled = c.awaitPayment(target.id)
+					target.paid = again.Settled == "paid"
+				}
+			}
+		case kind == "ship" || kind == "cancel":
+			if o.Status != 0 {
+				target.paid = false // shipped or cancelled (or refused: no longer shippable)
+			}
 		}
 	}
+}
+
+// settledStatuses are the order statuses at which a payment is no longer
+// under way.
+var settledStatuses = map[string]bool{"paid": true, "payment_failed": true, "shipped": true, "cancelled": true}
+
+// awaitPayment polls the order (the read model, through any api) until its
+// payment settled, for up to 20 s, and returns the status it then had ("" if
+// it did not see it settle).
+func (c *client) awaitPayment(id string) string {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		status, b, err := c.send(http.MethodGet, c.apis[c.rng.IntN(len(c.apis))]+"/v1/orders/"+id, "", "")
+		if err == nil && status == http.StatusOK {
+			var got struct{ Status string }
+			if json.Unmarshal(b, &got) == nil && settledStatuses[got.Status] {
+				return got.Status
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return ""
 }
 
 // do sends the operation until it has a definitive answer or its deadline.
@@ -123,7 +200,9 @@ func (c *client) send(method, url, key, body string) (int, []byte, error) {
 		return 0, nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
-	req.Header.Set("Idempotency-Key", key)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}

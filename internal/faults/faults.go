@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/acme/orders/fakepsp"
 	"github.com/acme/orders/internal/noisy"
 	"github.com/acme/orders/stream"
 )
@@ -46,18 +47,22 @@ type Config struct {
 // Kinds are every fault the suite injects; each run injects each at least
 // once (the first len(Kinds) faults are a seeded permutation of them).
 var Kinds = []string{
-	"kill-api",           // SIGKILL of an api replica, restarted after a moment
-	"kill-relay",         // SIGKILL of the relay that owns partitions
-	"kill-projector",     // SIGKILL of a projector worker
-	"restart-nats",       // SIGKILL of nats-server, then start
-	"restart-postgres",   // immediate shutdown (a crash) of PostgreSQL, then start
-	"latency-api-db",     // 100-300 ms on api→PostgreSQL
-	"cut-api-db",         // api→PostgreSQL connections reset: replies lost, some after COMMIT
-	"cut-relay-nats",     // relay→NATS down for a while
-	"cut-projector-nats", // projector→NATS down for a while
-	"lost-responses",     // api→client replies held back until the client times out
-	"duplicate-delivery", // stored events republished under fresh Nats-Msg-Ids
-	"reordered-delivery", // stored events republished shuffled
+	"kill-api",            // SIGKILL of an api replica, restarted after a moment
+	"kill-relay",          // SIGKILL of the relay that owns partitions
+	"kill-projector",      // SIGKILL of a projector worker
+	"restart-nats",        // SIGKILL of nats-server, then start
+	"restart-postgres",    // immediate shutdown (a crash) of PostgreSQL, then start
+	"latency-api-db",      // 100-300 ms on api→PostgreSQL
+	"cut-api-db",          // api→PostgreSQL connections reset: replies lost, some after COMMIT
+	"cut-relay-nats",      // relay→NATS down for a while
+	"cut-projector-nats",  // projector→NATS down for a while
+	"lost-responses",      // api→client replies held back until the client times out
+	"duplicate-delivery",  // stored events republished under fresh Nats-Msg-Ids
+	"reordered-delivery",  // stored events republished shuffled
+	"kill-payment-worker", // SIGKILL of a worker with provider calls in flight, then one that kills itself between a provider answer and its recording
+	"psp-lost-responses",  // fakepsp commits, then loses answers (closed or stalled) for a while
+	"psp-errors",          // fakepsp answers a share of calls 500 (nothing executed) for a while
+	"restart-psp",         // SIGKILL of fakepsp, then start on the same port and ledger
 }
 
 // Report is what a run found.
@@ -68,6 +73,12 @@ type Report struct {
 	Succeeded, Refused, GaveUp, Retries int
 	Faults                              map[string]int
 	Drain                               time.Duration
+	// LostResponses is how many provider answers fakepsp lost (summed over
+	// its restarts); SecondCharges how many charges its ledger shows beyond
+	// one per paid order and one per key (the invariants make any a
+	// violation); WindowCrashes how many workers killed themselves between
+	// a provider answer and its recording.
+	LostResponses, SecondCharges, WindowCrashes int64
 	// Noisy is the noisy-neighbour run before the faults.
 	Noisy      noisy.Report
 	Violations []string
@@ -99,7 +110,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	say := func(format string, args ...any) { fmt.Fprintf(out, "faults: "+format+"\n", args...) }
 
 	s := &stack{root: cfg.Root, dir: cfg.Dir, log: logger}
-	say("seed %d: starting PostgreSQL, nats-server, 2 api, 2 relays, 2 projectors (state in %s)", cfg.Seed, cfg.Dir)
+	say("seed %d: starting PostgreSQL, nats-server, 2 api, 2 relays, 2 projectors, fakepsp, 2 payment workers (state in %s)", cfg.Seed, cfg.Dir)
 	defer s.down()
 	if err := s.up(ctx); err != nil {
 		return rep, err
@@ -139,7 +150,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 999))
 	order := rng.Perm(len(Kinds))
 	faultsEnd := time.Now().Add(cfg.Duration)
-	for n := 0; time.Now().Before(faultsEnd) && ctx.Err() == nil; n++ {
+	// Past Duration only to inject each kind once (a short run with slow
+	// kinds would otherwise miss some).
+	for n := 0; (n < len(order) || time.Now().Before(faultsEnd)) && ctx.Err() == nil; n++ {
 		kind := Kinds[rng.IntN(len(Kinds))]
 		if n < len(order) {
 			kind = Kinds[order[n]]
@@ -185,10 +198,17 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 			rep.Refused++
 		}
 	}
-	violations, err := check(ctx, s, ops, 120*time.Second)
+	violations, second, err := check(ctx, s, ops, 120*time.Second)
 	if err != nil {
 		return rep, err
 	}
+	rep.SecondCharges = int64(second)
+	if rep.LostResponses, err = s.lostResponsesTotal(ctx); err != nil {
+		return rep, err
+	}
+	s.mu.Lock()
+	rep.WindowCrashes = int64(s.windowCrashes)
+	s.mu.Unlock()
 	rep.Drain = time.Since(drainStart)
 	rep.Violations = append(rep.Violations, violations...)
 	for _, p := range s.procs {
@@ -222,7 +242,7 @@ func (s *stack) inject(ctx context.Context, kind string, rng *rand.Rand) error {
 		}
 		s.kill9(p)
 		time.Sleep(briefly())
-		return s.start(p)
+		return s.start(p, nil, false)
 	case "restart-nats":
 		if err := s.killNATS(); err != nil {
 			return err
@@ -248,8 +268,69 @@ func (s *stack) inject(ctx context.Context, kind string, rng *rand.Rand) error {
 		return toxic(fmt.Sprintf("client-api-%d", 1+rng.IntN(2)), `{"name":"hold","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)
 	case "duplicate-delivery", "reordered-delivery":
 		return s.republish(ctx, kind == "reordered-delivery", rng)
+	case "kill-payment-worker":
+		return s.killPaymentWorker(ctx, pick("worker"), rng, briefly)
+	case "psp-lost-responses":
+		mode := []string{fakepsp.LoseClose, fakepsp.LoseStall}[rng.IntN(2)]
+		return s.pspFaultFor(ctx, fakepsp.Faults{LoseResponseRate: 0.2 + 0.3*rng.Float64(), LoseMode: mode}, 2*time.Second+2*briefly())
+	case "psp-errors":
+		return s.pspFaultFor(ctx, fakepsp.Faults{ErrorRate: 0.2 + 0.5*rng.Float64()}, 2*briefly())
+	case "restart-psp":
+		p := s.procs["fakepsp"]
+		st, err := s.pspStats(ctx)
+		if err != nil {
+			return fmt.Errorf("stats before the restart: %w", err)
+		}
+		s.kill9(p)
+		s.mu.Lock()
+		s.lostResponses += st.LostResponses
+		s.mu.Unlock()
+		time.Sleep(briefly())
+		if err := s.start(p, nil, false); err != nil {
+			return err
+		}
+		return s.waitReady(ctx, p, 30*time.Second)
 	}
 	return fmt.Errorf("unknown fault %q", kind)
+}
+
+// pspFaultFor makes fakepsp inject f for d, then none.
+func (s *stack) pspFaultFor(ctx context.Context, f fakepsp.Faults, d time.Duration) error {
+	if err := s.setPSPFaults(ctx, f); err != nil {
+		return err
+	}
+	time.Sleep(d)
+	return s.setPSPFaults(ctx, fakepsp.Faults{})
+}
+
+// killPaymentWorker kills worker p twice: first with SIGKILL while provider
+// calls are in flight (fakepsp slowed to 300 ms a call meanwhile), then it
+// restarts it with the test-only crash hook, so that it kills itself right
+// after one of its next few provider answers, before recording it (waited
+// for up to 8 s, then killed anyway); then p starts as usual.
+func (s *stack) killPaymentWorker(ctx context.Context, p *proc, rng *rand.Rand, briefly func() time.Duration) error {
+	if err := s.setPSPFaults(ctx, fakepsp.Faults{LatencyMS: 300}); err != nil {
+		return err
+	}
+	time.Sleep(briefly())
+	s.kill9(p)
+	if err := s.setPSPFaults(ctx, fakepsp.Faults{}); err != nil {
+		return err
+	}
+	hook := fmt.Sprintf("WORKER_TEST_CRASH_AFTER_PROVIDER_CALLS=%d", 1+rng.IntN(3))
+	if err := s.start(p, []string{hook}, true); err != nil {
+		return err
+	}
+	select {
+	case <-p.exited:
+		s.mu.Lock()
+		s.windowCrashes++
+		s.mu.Unlock()
+		s.log.Info("worker killed itself between a provider answer and its recording", "process", p.name)
+	case <-time.After(8 * time.Second):
+		s.kill9(p)
+	}
+	return s.start(p, nil, false)
 }
 
 // partitionOwner is the relay that currently publishes (the other is a
@@ -340,7 +421,9 @@ func (r Report) print(out io.Writer) {
 	if missing > 0 {
 		fmt.Fprintf(out, "            (%d kinds not injected: run longer)\n", missing)
 	}
-	fmt.Fprintf(out, "drain       converged and checked in %s\n", r.Drain.Round(time.Millisecond))
+	fmt.Fprintf(out, "payments    lost responses %d, second charges %d; workers crashed between provider answer and commit %d\n",
+		r.LostResponses, r.SecondCharges, r.WindowCrashes)
+	fmt.Fprintf(out, "drain       settled, converged and checked in %s\n", r.Drain.Round(time.Millisecond))
 	if r.Noisy.Alone.Total > 0 {
 		fmt.Fprintf(out, "noisy       quiet tenant alone %d req, p99 %s, lag ≤ %s; under each attack:\n",
 			r.Noisy.Alone.Total, r.Noisy.Alone.P99.Round(100*time.Microsecond), r.Noisy.Alone.MaxLag.Round(time.Millisecond))

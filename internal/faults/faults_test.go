@@ -10,9 +10,10 @@ import (
 )
 
 // The report prints the quiet tenant alone and one line per attack of the
-// noisy-neighbour run, and its violations make the run FAIL.
+// noisy-neighbour run and the payment line (lost provider answers, second
+// charges), and its violations make the run FAIL.
 func TestReportPrintsNoisyNeighbour(t *testing.T) {
-	rep := Report{Ops: map[string]int{}, Faults: map[string]int{}, Noisy: noisy.Report{
+	rep := Report{Ops: map[string]int{}, Faults: map[string]int{}, LostResponses: 7, WindowCrashes: 2, Noisy: noisy.Report{
 		Alone: noisy.Workload{Total: 400, P99: 8 * time.Millisecond},
 		Attacks: []noisy.AttackResult{
 			{Name: "waiting readers", Shed: 429, Attempts: 1, Bound: 28 * time.Millisecond,
@@ -29,6 +30,7 @@ func TestReportPrintsNoisyNeighbour(t *testing.T) {
 		"noisy       quiet tenant alone 400 req, p99 8ms",
 		"\n  waiting readers ", "hostile 429×2000\n",
 		"\n  readyz flood ", "(bound 28ms, attempt 2)",
+		"\npayments    lost responses 7, second charges 0; workers crashed between provider answer and commit 2\n",
 		"  - readyz flood: quiet tenant p99 40ms", "\nFAIL\n",
 	} {
 		if !strings.Contains(got, want) {

@@ -54,7 +54,7 @@ func (s *stack) noisyNeighbour(ctx context.Context, phase time.Duration, logf fu
 		env = append(env, k+"="+limits[k])
 	}
 	p := &proc{name: "api-noisy", args: []string{"-relay=false"}, port: port, env: env}
-	if err := s.start(p); err != nil {
+	if err := s.start(p, nil, false); err != nil {
 		return rep, nil, err
 	}
 	defer s.stop(p)

@@ -33,8 +33,16 @@ type stack struct {
 	proxies   map[string]*toxiproxy.Proxy
 	token     string
 
+	pspPort int // fakepsp's HTTP port (kept across its restarts)
+
 	mu    sync.Mutex
 	procs map[string]*proc
+	// lostResponses sums fakepsp's lost_responses over its past lives (read
+	// just before each restart-psp kill); add pspStats() for the total.
+	lostResponses int64
+	// windowCrashes counts workers that killed themselves between a
+	// provider answer and its recording (kill-payment-worker's crash hook).
+	windowCrashes int
 }
 
 // commonEnv is the environment of every service process, before its own.
@@ -43,9 +51,11 @@ var commonEnv = []string{"LOG_FORMAT=json", "IDEMPOTENCY_WAIT=2s"}
 // proc is one service process the harness runs (and kills, and restarts).
 type proc struct {
 	name     string
+	bin      string // binary name (default: the name up to its first "-")
 	args     []string
 	env      []string
-	port     int // its HTTP port
+	port     int    // its HTTP port
+	health   string // path that answers 200 when ready (default /readyz)
 	cmd      *exec.Cmd
 	exited   chan struct{}
 	killedBy bool // the harness killed it on purpose
@@ -134,11 +144,34 @@ func (s *stack) up(ctx context.Context) error {
 				return err
 			}
 			name := fmt.Sprintf("%s-%d", svc.name, i)
-			s.procs[name] = &proc{name: name, args: svc.args, port: port, env: append(append([]string{}, commonEnv...), svc.env(port)...)}
+			bin := svc.name
+			if bin == "relay" {
+				bin = "api" // an api process that gets no traffic
+			}
+			s.procs[name] = &proc{name: name, bin: bin, args: svc.args, port: port, env: append(append([]string{}, commonEnv...), svc.env(port)...)}
 		}
 	}
+	// The payment provider (fakepsp, its ledger in its own database on the
+	// same server) and two payment workers, reaching PostgreSQL and NATS
+	// directly; ack wait 5 s so a killed worker's intents come back soon.
+	if s.pspPort, err = harness.FreePort(); err != nil {
+		return err
+	}
+	s.procs["fakepsp"] = &proc{name: "fakepsp", bin: "fakepsp", port: s.pspPort, health: "/healthz",
+		env: append(append([]string{}, commonEnv...), "DATABASE_URL="+pgURL(s.pgPort), fmt.Sprintf("FAKEPSP_ADDR=127.0.0.1:%d", s.pspPort))}
+	for i := 1; i <= 2; i++ {
+		port, err := harness.FreePort()
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("worker-%d", i)
+		s.procs[name] = &proc{name: name, bin: "worker", port: port, env: append(append([]string{}, commonEnv...),
+			"DATABASE_URL="+pgURL(s.pgPort), "NATS_URL="+natsURL(s.natsPort), s.pspURL("PAYMENT_PROVIDER_URL="),
+			"PAYMENT_PROVIDER_KEY=sk_test_local", fmt.Sprintf("WORKER_HTTP_ADDR=127.0.0.1:%d", port),
+			"WORKER_ACK_WAIT=5s", fmt.Sprintf("WORKER_MAX_DELIVER=%d", workerMaxDeliver))}
+	}
 	for _, p := range s.procs {
-		if err := s.start(p); err != nil {
+		if err := s.start(p, nil, false); err != nil {
 			return err
 		}
 	}
@@ -154,6 +187,17 @@ func (s *stack) up(ctx context.Context) error {
 	}
 	s.token, err = s.createToken(ctx, "faults")
 	return err
+}
+
+// workerMaxDeliver is the suite's WORKER_MAX_DELIVER: high enough that no
+// intent is dead-lettered by the provider faults (a dead letter would leave
+// its order payment_pending and fail the drain); dead letters have their
+// own tests in settle.
+const workerMaxDeliver = 1000
+
+// pspURL is fakepsp's base URL, after prefix.
+func (s *stack) pspURL(prefix string) string {
+	return fmt.Sprintf("%shttp://127.0.0.1:%d", prefix, s.pspPort)
 }
 
 // pgURL is the URL of the stack's database on port (PostgreSQL's own, or
@@ -197,17 +241,20 @@ func (s *stack) killNATS() error {
 	return syscall.Kill(pid, syscall.SIGKILL)
 }
 
-func (s *stack) start(p *proc) error {
-	bin := "api"
-	if strings.HasPrefix(p.name, "projector") {
-		bin = "projector"
+// start starts p with its environment plus extraEnv; expectExit says the
+// process is meant to end by itself (the worker's crash hook), so its exit
+// is not counted as a crash.
+func (s *stack) start(p *proc, extraEnv []string, expectExit bool) error {
+	bin := p.bin
+	if bin == "" {
+		bin, _, _ = strings.Cut(p.name, "-")
 	}
 	f, err := os.OpenFile(filepath.Join(s.dir, p.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
 	cmd := exec.Command(filepath.Join(s.bin, bin), p.args...)
-	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Env = append(append(os.Environ(), p.env...), extraEnv...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -215,7 +262,7 @@ func (s *stack) start(p *proc) error {
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}
 	s.mu.Lock()
-	p.cmd, p.exited, p.killedBy = cmd, make(chan struct{}), false
+	p.cmd, p.exited, p.killedBy = cmd, make(chan struct{}), expectExit
 	s.mu.Unlock()
 	go func(exited chan struct{}) {
 		_ = cmd.Wait()
@@ -265,7 +312,7 @@ func (s *stack) restartDead() error {
 	for _, p := range s.procs {
 		select {
 		case <-p.exited:
-			if err := s.start(p); err != nil {
+			if err := s.start(p, nil, false); err != nil {
 				return err
 			}
 		default:
@@ -275,7 +322,12 @@ func (s *stack) restartDead() error {
 }
 
 func (s *stack) waitReady(ctx context.Context, p *proc, within time.Duration) error {
-	return harness.WaitReady(ctx, p.port, within, fmt.Sprintf("%s (see %s)", p.name, filepath.Join(s.dir, p.name+".log")))
+	path := p.health
+	if path == "" {
+		path = "/readyz"
+	}
+	return harness.WaitOK(ctx, fmt.Sprintf("http://127.0.0.1:%d%s", p.port, path), within,
+		fmt.Sprintf("%s (see %s)", p.name, filepath.Join(s.dir, p.name+".log")))
 }
 
 // down stops everything the stack started.

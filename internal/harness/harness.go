@@ -43,10 +43,10 @@ func Run(ctx context.Context, dir, logFile, name string, args ...string) error {
 	return nil
 }
 
-// BuildServices builds the api and projector binaries of the module in root
-// into binDir, logging to logFile.
+// BuildServices builds the api, projector, worker and fakepsp binaries of
+// the module in root into binDir, logging to logFile.
 func BuildServices(ctx context.Context, root, binDir, logFile string) error {
-	for _, c := range []string{"api", "projector"} {
+	for _, c := range []string{"api", "projector", "worker", "fakepsp"} {
 		if err := Run(ctx, root, logFile, "go", "build", "-o", filepath.Join(binDir, c), "./cmd/"+c); err != nil {
 			return err
 		}
@@ -58,8 +58,14 @@ func BuildServices(ctx context.Context, root, binDir, logFile string) error {
 // 200, ctx ends (ctx.Err()) or within passes (an error naming what, which
 // should say where to look).
 func WaitReady(ctx context.Context, port int, within time.Duration, what string) error {
+	return WaitOK(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", port), within, what)
+}
+
+// WaitOK polls url every 200 ms until it answers 200, ctx ends (ctx.Err())
+// or within passes (an error naming what). fakepsp, for one, is ready when
+// its /healthz answers 200.
+func WaitOK(ctx context.Context, url string, within time.Duration, what string) error {
 	deadline := time.Now().Add(within)
-	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
 	for {
 		res, err := http.Get(url)
 		if err == nil {

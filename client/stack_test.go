@@ -162,11 +162,11 @@ type attempt struct {
 type fault int
 
 const (
-	pass           fault = iota
-	loseResponse         // forward, let the api commit, then cut the connection
-	fail503Before        // answer 503 without forwarding
-	fail503After         // forward, let the api commit, then answer 503
-	fail429Before        // answer 429 with Retry-After: 1 without forwarding
+	pass          fault = iota
+	loseResponse        // forward, let the api commit, then cut the connection
+	fail503Before       // answer 503 without forwarding
+	fail503After        // forward, let the api commit, then answer 503
+	fail429Before       // answer 429 with Retry-After: 1 without forwarding
 )
 
 // proxy sits between a client and the real api and injects faults.

@@ -319,3 +319,10 @@ func holdKey(t *testing.T, databaseURL, tenant, key string) pgx.Tx {
 	}
 	return tx
 }
+
+// exampleAPI returns the shared stack's URL and a token of a fresh tenant,
+// for the examples.
+func exampleAPI() (baseURL, token string) {
+	_, api := stack()
+	return api, newTenant(tenantName())
+}

@@ -191,8 +191,10 @@ func (c *Client) GetOrder(ctx context.Context, id string, opts ...CallOption) (*
 }
 
 // WaitForVersion reads your own write: it returns the order once the read
-// model has it at version or later, asking again after each view-behind
-// answer until ctx ends. Give ctx a deadline.
+// model has it at version or later. Each GET waits on the server (2 s by
+// default; WithWait asks for up to its cap); after a view-behind answer it
+// asks again, after a full-jitter backoff, until ctx ends: give ctx a
+// deadline. Any other error is returned at once.
 func (c *Client) WaitForVersion(ctx context.Context, id string, version int64, opts ...CallOption) (*Order, error) {
 	opts = append(opts[:len(opts):len(opts)], WithMinVersion(version))
 	for n := 1; ; n++ {
@@ -200,8 +202,9 @@ func (c *Client) WaitForVersion(ctx context.Context, id string, version int64, o
 		if !IsViewBehind(err) {
 			return o, err
 		}
-		wait := max(AsProblem(err).RetryAfter/4, c.backoff(n))
-		t := time.NewTimer(wait)
+		// Each GET already waited (the server's read wait, or WithWait);
+		// ask again after a jittered backoff, not the full Retry-After.
+		t := time.NewTimer(c.backoff(n))
 		select {
 		case <-ctx.Done():
 			t.Stop()

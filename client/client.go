@@ -1,0 +1,363 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxAttempts bounds the attempts of one logical call.
+	DefaultMaxAttempts = 8
+	// DefaultMinBackoff is the backoff cap of the first retry; it doubles
+	// with every further retry up to DefaultMaxBackoff.
+	DefaultMinBackoff = 100 * time.Millisecond
+	// DefaultMaxBackoff caps the backoff between two attempts (a server's
+	// longer Retry-After is still honoured).
+	DefaultMaxBackoff = 5 * time.Second
+	// DefaultAttemptTimeout bounds one attempt of the default HTTP client:
+	// a response that does not arrive in time counts as lost and the call
+	// is retried with the same key.
+	DefaultAttemptTimeout = 30 * time.Second
+)
+
+// maxResponseBytes bounds a response body the client reads.
+const maxResponseBytes = 8 << 20
+
+// Config holds the settings of a Client. Zero fields take the defaults.
+type Config struct {
+	// HTTPClient sends the requests; nil means a client whose Timeout is
+	// DefaultAttemptTimeout.
+	HTTPClient *http.Client
+	// MaxAttempts bounds the attempts of one logical call (1: no retries).
+	MaxAttempts int
+	// MinBackoff and MaxBackoff bound the full-jitter exponential backoff:
+	// before retry n the client waits a random time in
+	// [0, min(MaxBackoff, MinBackoff·2^(n-1))), or the server's
+	// Retry-After if that is longer.
+	MinBackoff, MaxBackoff time.Duration
+	// UserAgent is sent with every request, if set.
+	UserAgent string
+}
+
+func (c *Config) validate() error {
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Timeout: DefaultAttemptTimeout}
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = DefaultMinBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = max(DefaultMaxBackoff, c.MinBackoff)
+	}
+	switch {
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("client: MaxAttempts must be at least 1, got %d", c.MaxAttempts)
+	case c.MinBackoff < 0:
+		return fmt.Errorf("client: MinBackoff must not be negative, got %s", c.MinBackoff)
+	case c.MaxBackoff < c.MinBackoff:
+		return fmt.Errorf("client: MaxBackoff (%s) must be at least MinBackoff (%s)", c.MaxBackoff, c.MinBackoff)
+	}
+	return nil
+}
+
+// Option changes a Config in New.
+type Option func(*Config)
+
+// WithHTTPClient sends the requests with hc (its Timeout bounds one
+// attempt, not the whole call: bound that with the context).
+func WithHTTPClient(hc *http.Client) Option { return func(c *Config) { c.HTTPClient = hc } }
+
+// WithBackoff sets the bounds of the full-jitter exponential backoff.
+func WithBackoff(minBackoff, maxBackoff time.Duration) Option {
+	return func(c *Config) { c.MinBackoff, c.MaxBackoff = minBackoff, maxBackoff }
+}
+
+// WithMaxAttempts bounds the attempts of one logical call (1: no retries).
+func WithMaxAttempts(n int) Option { return func(c *Config) { c.MaxAttempts = n } }
+
+// WithConfig replaces the whole Config (later options still apply).
+func WithConfig(cfg Config) Option { return func(c *Config) { *c = cfg } }
+
+// Client calls the orders API as one tenant (the token's). It is safe for
+// concurrent use.
+type Client struct {
+	base  *url.URL
+	token string
+	cfg   Config
+}
+
+// New returns a client of the API at baseURL (e.g. "https://orders.example"
+// or "http://localhost:8080", without /v1) that authenticates with token
+// (ord_…). It returns an error naming the setting that is wrong.
+func New(baseURL, token string, opts ...Option) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return nil, fmt.Errorf("client: base URL: %w", err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("client: base URL %q must be http(s)://host[:port]", baseURL)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	if token == "" {
+		return nil, errors.New("client: token is empty")
+	}
+	var cfg Config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Client{base: u, token: token, cfg: cfg}, nil
+}
+
+// Meta describes how a call went; pass one with WithMeta to have it filled
+// in, whether the call succeeded or not.
+type Meta struct {
+	// IdempotencyKey is the key every attempt of a command carried (empty
+	// for reads). Keep it to reconcile a call whose outcome is unknown.
+	IdempotencyKey string
+	// Attempts is how many requests the call sent.
+	Attempts int
+	// Status is the HTTP status of the last answer (0 if none arrived).
+	Status int
+	// Replayed is true when the answer was the server's stored answer to an
+	// earlier attempt with the key (Idempotent-Replayed: true).
+	Replayed bool
+	// KeyExpires is until when the server remembers the key (zero if it
+	// did not say).
+	KeyExpires time.Time
+	// Location and ETag are the answer's headers of those names.
+	Location, ETag string
+	// RequestID is the server's id of the last request (X-Request-Id).
+	RequestID string
+}
+
+// CallOption changes one call.
+type CallOption func(*callConfig)
+
+type callConfig struct {
+	key        string
+	wait       time.Duration
+	waitSet    bool
+	minVersion int64
+	meta       *Meta
+}
+
+// WithIdempotencyKey makes a command use key (1 to 255 printable ASCII
+// characters) instead of a fresh UUIDv7: pass the key of an earlier call to
+// retry it later, e.g. after a restart. Reads ignore it.
+func WithIdempotencyKey(key string) CallOption { return func(c *callConfig) { c.key = key } }
+
+// WithWait sends "Prefer: wait=N" (whole seconds): how long a command waits
+// for an in-flight request with its key, or a read with a minimum version
+// waits for the read model (the server caps both).
+func WithWait(d time.Duration) CallOption {
+	return func(c *callConfig) { c.wait, c.waitSet = d, true }
+}
+
+// WithMinVersion makes GetOrder wait (bounded by the server) until the read
+// model has the order at version n or later; past the bound the call fails
+// with a view-behind *Problem. Other calls ignore it.
+func WithMinVersion(n int64) CallOption { return func(c *callConfig) { c.minVersion = n } }
+
+// WithMeta fills m in with how the call went.
+func WithMeta(m *Meta) CallOption { return func(c *callConfig) { c.meta = m } }
+
+// request is one logical call.
+type request struct {
+	method, path string
+	query        url.Values
+	body         any  // JSON-encoded once; nil sends no body
+	keyed        bool // a command: send an Idempotency-Key
+	header       http.Header
+	out          any // decoded from a 2xx answer
+}
+
+// do runs r until a definitive answer: a 2xx (decoded into r.out), a 4xx
+// other than 409 in-flight and 429 (a *Problem), the last of MaxAttempts
+// attempts, or the end of ctx.
+func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
+	var cc callConfig
+	for _, o := range opts {
+		o(&cc)
+	}
+	meta := cc.meta
+	if meta == nil {
+		meta = new(Meta)
+	}
+	*meta = Meta{}
+	what := r.method + " " + r.path
+
+	var payload []byte
+	if r.body != nil {
+		b, err := json.Marshal(r.body)
+		if err != nil {
+			return fmt.Errorf("%s: encode body: %w", what, err)
+		}
+		payload = b
+	}
+	if r.keyed {
+		meta.IdempotencyKey = cc.key
+		if meta.IdempotencyKey == "" {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return fmt.Errorf("%s: new Idempotency-Key: %w", what, err)
+			}
+			meta.IdempotencyKey = id.String()
+		}
+	}
+	u := c.base.String() + r.path // path segments are escaped already
+	if len(r.query) > 0 {
+		u += "?" + r.query.Encode()
+	}
+
+	var last error
+	for attempt := 1; ; attempt++ {
+		meta.Attempts = attempt
+		res, err := c.send(ctx, r.method, u, payload, r, meta.IdempotencyKey, cc)
+		var wait time.Duration
+		switch {
+		case err != nil && ctx.Err() != nil:
+			if last == nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			return fmt.Errorf("%s: %w (after %d attempts; the one before: %w)", what, ctx.Err(), attempt, last)
+		case err != nil:
+			last = fmt.Errorf("%s: %w", what, err)
+			if !retryableErr(err) {
+				return last
+			}
+		default:
+			meta.Status, meta.RequestID = res.status, res.header.Get("X-Request-Id")
+			meta.Replayed = res.header.Get("Idempotent-Replayed") == "true"
+			meta.Location, meta.ETag = res.header.Get("Location"), res.header.Get("ETag")
+			meta.KeyExpires, _ = http.ParseTime(res.header.Get("Idempotency-Key-Expires"))
+			if res.status >= 200 && res.status < 300 {
+				if r.out == nil {
+					return nil
+				}
+				if err := json.Unmarshal(res.body, r.out); err != nil {
+					return fmt.Errorf("%s: decode %d answer: %w", what, res.status, err)
+				}
+				return nil
+			}
+			p := newProblem(res)
+			last = fmt.Errorf("%s: %w", what, p)
+			if !retryable(p) {
+				return last
+			}
+			wait = p.RetryAfter
+		}
+		if attempt >= c.cfg.MaxAttempts {
+			return fmt.Errorf("gave up after %d attempts: %w", attempt, last)
+		}
+		wait = max(wait, c.backoff(attempt))
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+			return fmt.Errorf("%s: %w: no time for attempt %d before it (last answer: %w)", what, context.DeadlineExceeded, attempt+1, last)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%s: %w (after %d attempts; the last: %w)", what, ctx.Err(), attempt, last)
+		case <-t.C:
+		}
+	}
+}
+
+// retryable reports whether an answer may change if the same request is
+// sent again: the server stored nothing for it.
+func retryable(p *Problem) bool {
+	switch {
+	case p.Status >= 500, p.Status == http.StatusTooManyRequests:
+		return true
+	case p.Status == http.StatusConflict:
+		return p.Type == TypeKeyInFlight
+	}
+	return false
+}
+
+// errNewRequest marks a request that could not be built: never retried.
+var errNewRequest = errors.New("new request")
+
+// retryableErr reports whether a failed attempt may be sent again: any
+// failure to get a whole answer (refused or reset connection, timeout, a
+// response cut short), since the server may or may not have executed it
+// and the key makes sending it again safe.
+func retryableErr(err error) bool {
+	return !errors.Is(err, errNewRequest)
+}
+
+// backoff is the full-jitter backoff before retry n (n ≥ 1).
+func (c *Client) backoff(n int) time.Duration {
+	ceiling := c.cfg.MaxBackoff
+	if shift := n - 1; shift < 32 && c.cfg.MinBackoff<<shift < ceiling && c.cfg.MinBackoff<<shift > 0 {
+		ceiling = c.cfg.MinBackoff << shift
+	}
+	if ceiling <= 0 {
+		return 0
+	}
+	return time.Duration(rand.Int64N(int64(ceiling)))
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// send makes one attempt. A response cut short is an error like a lost one.
+func (c *Client) send(ctx context.Context, method, u string, payload []byte, r request, key string, cc callConfig) (response, error) {
+	var body io.Reader
+	if payload != nil {
+		body = bytes.NewReader(payload)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return response{}, fmt.Errorf("%w: %w", errNewRequest, err)
+	}
+	for k, v := range r.header {
+		req.Header[k] = v
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Accept", "application/json, application/problem+json")
+	if payload != nil && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if cc.waitSet {
+		req.Header.Set("Prefer", "wait="+strconv.Itoa(int(max(0, cc.wait.Round(time.Second)/time.Second))))
+	}
+	if c.cfg.UserAgent != "" {
+		req.Header.Set("User-Agent", c.cfg.UserAgent)
+	}
+	res, err := c.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return response{}, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, maxResponseBytes))
+	if err != nil {
+		return response{}, fmt.Errorf("read %d answer: %w", res.StatusCode, err)
+	}
+	return response{status: res.StatusCode, header: res.Header, body: b}, nil
+}

@@ -1,0 +1,31 @@
+// Package client is the Go client of the orders service's REST API (/v1).
+//
+// It makes safe retries the default. Every call that changes state
+// (CreateOrder, PayOrder, ShipOrder, CancelOrder, UpdateOrder) is one
+// logical call: it gets one Idempotency-Key, a fresh UUIDv7 unless the
+// caller passes WithIdempotencyKey, and its body is encoded once. The call
+// is sent again, with the same key and the same body bytes, after a network
+// error (including a response lost after the server committed), a 5xx, a
+// 409 idempotency-key-in-flight and a 429, waiting a full-jitter exponential
+// backoff (at least the server's Retry-After), until it has a definitive
+// answer, Config.MaxAttempts attempts were made, or the context ends. The
+// server stores the first execution's answer under the key, so however many
+// attempts it takes, the call has its effect once (one order per
+// CreateOrder) and returns that answer. Reads are retried the same way,
+// without a key. Any other 4xx is a definitive answer and is never retried.
+//
+// A refusal is returned as a *Problem (RFC 9457 problem details): branch on
+// it with errors.As, or with IsMismatch, IsViewBehind, IsConflict,
+// IsNotFound, IsValidation, IsPreconditionFailed and IsInFlight. A conflict
+// that points at an existing resource (a late retry of an expired key)
+// carries its Location and ResourceID.
+//
+// Read models are updated asynchronously; WaitForVersion (or GetOrder with
+// WithMinVersion) reads your own write: pass the Version a command
+// returned.
+//
+// To reconcile a call whose outcome is unknown (the context ended while it
+// was retried), keep its key (WithMeta reports it) and ask
+// IdempotencyKey, or call again with WithIdempotencyKey and the same
+// arguments.
+package client

@@ -1,0 +1,208 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/acme/orders/client"
+)
+
+func newOrder(customer string) client.NewOrder {
+	return client.NewOrder{CustomerID: customer, Currency: "EUR", Items: []client.NewItem{{SKU: "book", Quantity: 2, UnitPrice: 1999}}}
+}
+
+// sameKeyAndBody checks that every attempt of one logical call carried the
+// same key (a UUIDv7 the client made) and the same body bytes.
+func sameKeyAndBody(t *testing.T, seen []attempt, key string) {
+	t.Helper()
+	if u, err := uuid.Parse(key); err != nil || u.Version() != 7 {
+		t.Fatalf("Idempotency-Key %q is not a UUIDv7", key)
+	}
+	for i, a := range seen {
+		if a.key != key || !bytes.Equal(a.body, seen[0].body) {
+			t.Fatalf("attempt %d: key %q body %s; want key %q body %s", i+1, a.key, a.body, key, seen[0].body)
+		}
+	}
+}
+
+// A CreateOrder whose attempts meet a fault is sent again with the same key
+// and body until the api answers; the api executed it once: one order per
+// logical call, and the answer is the order it created.
+func TestCreateOrderRetriesFaultsIntoOneOrder(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		plan     func(n int) fault
+		attempts int
+		replayed bool // the final answer is the stored one of an earlier attempt
+	}{
+		{"lost response after commit", func(n int) fault { return map[bool]fault{true: loseResponse}[n == 1] }, 2, true},
+		{"lost twice", func(n int) fault { return map[bool]fault{true: loseResponse}[n <= 2] }, 3, true},
+		{"503 before the api", func(n int) fault { return map[bool]fault{true: fail503Before}[n == 1] }, 2, false},
+		{"503 after commit", func(n int) fault { return map[bool]fault{true: fail503After}[n == 1] }, 2, true},
+		{"429 with Retry-After", func(n int) fault { return map[bool]fault{true: fail429Before}[n == 1] }, 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p, base := newProxy(t, tc.plan)
+			c, tenant := newClient(t, base)
+			var meta client.Meta
+			start := time.Now()
+			o, err := c.CreateOrder(context.Background(), newOrder("c-1"), client.WithMeta(&meta))
+			if err != nil {
+				t.Fatalf("CreateOrder: %v", err)
+			}
+			seen := p.seen()
+			if len(seen) != tc.attempts || meta.Attempts != tc.attempts {
+				t.Fatalf("%d attempts reached the proxy, meta says %d; want %d", len(seen), meta.Attempts, tc.attempts)
+			}
+			sameKeyAndBody(t, seen, meta.IdempotencyKey)
+			if meta.Status != http.StatusCreated || meta.Replayed != tc.replayed || o.Version != 1 || o.Status != "pending" {
+				t.Fatalf("answer: status %d replayed %v order %+v; want 201, replayed %v, a pending order", meta.Status, meta.Replayed, o, tc.replayed)
+			}
+			if n := ordersOf(t, tenant); n != 1 {
+				t.Fatalf("%d orders, want 1", n)
+			}
+			if n := count(t, `SELECT count(*) FROM orders WHERE tenant_id = $1 AND id = $2`, tenant, o.ID); n != 1 {
+				t.Fatalf("the returned order %s is not the one stored", o.ID)
+			}
+			if tc.plan(1) == fail429Before && time.Since(start) < time.Second {
+				t.Fatalf("retried after %s, before Retry-After: 1", time.Since(start))
+			}
+		})
+	}
+}
+
+// A command whose key is held by a request still in flight gets 409
+// idempotency-key-in-flight; the client waits and sends it again with the
+// same key and body, and once the holder is gone it executes once.
+func TestInFlightKeyIsRetried(t *testing.T) {
+	t.Parallel()
+	p, base := newProxy(t, func(int) fault { return pass })
+	c, tenant := newClient(t, base)
+	env, _ := stack()
+	ctx := context.Background()
+	key, err := uuid.NewV7()
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := holdKey(t, env["DATABASE_URL"], tenant, key.String())
+	p.after = func(n, status int) {
+		if n == 1 && status == http.StatusConflict {
+			if err := holder.Rollback(ctx); err != nil {
+				t.Errorf("release the key: %v", err)
+			}
+		}
+	}
+	var meta client.Meta
+	o, err := c.CreateOrder(ctx, newOrder("c-1"), client.WithIdempotencyKey(key.String()), client.WithWait(0), client.WithMeta(&meta))
+	if err != nil {
+		t.Fatalf("CreateOrder: %v", err)
+	}
+	seen := p.seen()
+	if len(seen) != 2 || seen[0].status != http.StatusConflict || seen[1].status != http.StatusCreated {
+		t.Fatalf("attempts %+v; want a 409 then a 201", seen)
+	}
+	sameKeyAndBody(t, seen, key.String())
+	if o.Version != 1 || ordersOf(t, tenant) != 1 {
+		t.Fatalf("order %+v, %d orders; want one", o, ordersOf(t, tenant))
+	}
+}
+
+// Retries stop at the context's deadline, keeping the last answer in the
+// error; and at MaxAttempts.
+func TestRetriesStopAtDeadlineAndMaxAttempts(t *testing.T) {
+	t.Parallel()
+	p, base := newProxy(t, func(int) fault { return fail503Before })
+	c, tenant := newClient(t, base, client.WithMaxAttempts(1000))
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	var meta client.Meta
+	_, err := c.CreateOrder(ctx, newOrder("c-1"), client.WithMeta(&meta))
+	if !errors.Is(err, context.DeadlineExceeded) || client.AsProblem(err) == nil || client.AsProblem(err).Status != 503 {
+		t.Fatalf("err = %v; want the deadline and the last 503", err)
+	}
+	if d := time.Since(start); d > 700*time.Millisecond {
+		t.Fatalf("returned after %s, past the 500ms deadline", d)
+	}
+	if seen := p.seen(); len(seen) < 2 || meta.Attempts != len(seen) {
+		t.Fatalf("%d attempts (meta %d); want several", len(seen), meta.Attempts)
+	} else {
+		sameKeyAndBody(t, seen, meta.IdempotencyKey)
+	}
+
+	p2, base2 := newProxy(t, func(int) fault { return fail503Before })
+	c2, _ := newClient(t, base2, client.WithMaxAttempts(3))
+	if _, err := c2.CreateOrder(context.Background(), newOrder("c-1")); client.AsProblem(err) == nil || len(p2.seen()) != 3 {
+		t.Fatalf("err = %v after %d attempts; want the 503 after 3", err, len(p2.seen()))
+	}
+	if n := ordersOf(t, tenant); n != 0 {
+		t.Fatalf("%d orders, want none", n)
+	}
+}
+
+// A definitive 4xx is returned at once as a typed *Problem, never retried.
+func TestDefinitiveAnswersAreNotRetried(t *testing.T) {
+	t.Parallel()
+	p, base := newProxy(t, func(int) fault { return pass })
+	c, tenant := newClient(t, base)
+	ctx := context.Background()
+
+	_, err := c.CreateOrder(ctx, client.NewOrder{CustomerID: "c-1", Currency: "EUR"})
+	if pr := client.AsProblem(err); !client.IsValidation(err) || len(pr.Errors) == 0 || pr.Status != 422 {
+		t.Fatalf("no items: %v; want 422 validation-failed with the fields", err)
+	}
+
+	key := "k-" + uuid.NewString()
+	first, err := c.CreateOrder(ctx, newOrder("c-1"), client.WithIdempotencyKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.CreateOrder(ctx, newOrder("c-2"), client.WithIdempotencyKey(key))
+	if pr := client.AsProblem(err); !client.IsMismatch(err) || len(pr.MismatchedFields) != 1 || pr.MismatchedFields[0] != "customer_id" {
+		t.Fatalf("same key, other body: %v; want a mismatch naming customer_id", err)
+	}
+
+	_, err = c.ShipOrder(ctx, first.ID)
+	if pr := client.AsProblem(err); !client.IsConflict(err) || pr.CurrentStatus != "pending" {
+		t.Fatalf("ship a pending order: %v; want a conflict with current_status pending", err)
+	}
+	if _, _, ok := client.ConflictLocation(err); ok {
+		t.Fatalf("a state conflict points at no other order")
+	}
+
+	// The key expired and the janitor removed it: a late retry is a
+	// conflict naming the order the key created.
+	count(t, `WITH d AS (DELETE FROM idempotency_keys WHERE tenant_id = $1 AND key = $2 RETURNING 1) SELECT count(*) FROM d`, tenant, key)
+	_, err = c.CreateOrder(ctx, newOrder("c-1"), client.WithIdempotencyKey(key))
+	if loc, id, ok := client.ConflictLocation(err); !ok || id != first.ID || loc != "/v1/orders/"+first.ID {
+		t.Fatalf("late retry: %v (location %q, id %q); want a conflict pointing at %s", err, loc, id, first.ID)
+	}
+
+	_, err = c.GetOrder(ctx, uuid.NewString())
+	if !client.IsNotFound(err) {
+		t.Fatalf("unknown order: %v; want not-found", err)
+	}
+	_, err = c.GetOrder(ctx, first.ID, client.WithMinVersion(99), client.WithWait(0))
+	if pr := client.AsProblem(err); !client.IsViewBehind(err) || pr.CurrentVersion == nil || *pr.CurrentVersion > 1 || pr.RetryAfter != time.Second {
+		t.Fatalf("min_version 99: %v; want view-behind at 0 or 1 with Retry-After: 1", err)
+	}
+	for _, a := range p.seen() {
+		if a.status == 0 || a.status >= 500 {
+			t.Fatalf("unexpected attempt %+v", a)
+		}
+	}
+	if n := len(p.seen()); n != 7 {
+		t.Fatalf("%d requests for 7 calls: something was retried", n)
+	}
+	if n := ordersOf(t, tenant); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
+	}
+}

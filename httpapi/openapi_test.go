@@ -57,11 +57,11 @@ func loadOpenAPI(tb testing.TB) *openapi3.T {
 func validated(tb testing.TB, h http.Handler) http.Handler {
 	tb.Helper()
 	doc := loadOpenAPI(tb)
+	routes, ok := h.(chi.Routes)
+	if !ok {
+		tb.Fatalf("validated: %T is not a chi router", h)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// chi uses a route context it finds in the request's context, so
-		// the route it matched can be read here afterwards.
-		rctx := chi.NewRouteContext()
-		r = r.WithContext(context.WithValue(r.Context(), chi.RouteCtxKey, rctx))
 		var body *teeBody
 		if r.Body != nil && r.Body != http.NoBody {
 			body = &teeBody{ReadCloser: r.Body}
@@ -70,7 +70,15 @@ func validated(tb testing.TB, h http.Handler) http.Handler {
 		rw := &recordingWriter{ResponseWriter: w}
 		h.ServeHTTP(rw, r)
 
-		ex := exchange{req: r, pattern: rctx.RoutePattern(), bodyComplete: true}
+		// The route chi serves this request with (found apart from
+		// serving: a middleware may refuse the request before chi gets
+		// to the route), matched as chi matches it.
+		path := r.URL.RawPath
+		if path == "" {
+			path = r.URL.Path
+		}
+		rctx := chi.NewRouteContext()
+		ex := exchange{req: r, pattern: routes.Find(rctx, r.Method, path), bodyComplete: true}
 		if body != nil {
 			ex.reqBody, ex.bodyComplete = body.buf.Bytes(), body.eof
 		}
@@ -90,7 +98,7 @@ func validated(tb testing.TB, h http.Handler) http.Handler {
 // exchange is one request and its response, as the server saw them.
 type exchange struct {
 	req          *http.Request
-	pattern      string            // chi's route pattern ("" or partial if none matched)
+	pattern      string            // chi's route pattern ("" if none matches)
 	params       map[string]string // chi's URL parameters (still encoded if req.URL.RawPath is set)
 	reqBody      []byte
 	bodyComplete bool // the handler read the request body to its end
@@ -134,6 +142,11 @@ func checkExchange(ctx context.Context, doc *openapi3.T, ex exchange) error {
 	}
 	req := ex.req.Clone(ctx)
 	req.Body = io.NopCloser(bytes.NewReader(ex.reqBody))
+	if len(ex.reqBody) > 0 && req.Header.Get("Content-Type") == "" {
+		// The server reads a body without Content-Type as JSON (the
+		// document says so in its description).
+		req.Header.Set("Content-Type", "application/json")
+	}
 	in := &openapi3filter.RequestValidationInput{
 		Request:    req,
 		PathParams: params,

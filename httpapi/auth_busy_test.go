@@ -25,9 +25,9 @@ func (busyAuth) Authenticate(context.Context, string) (string, error) { return "
 // must not drop it.
 func TestAuthBusyIs503(t *testing.T) {
 	t.Parallel()
-	srv := httptest.NewServer(httpapi.New(httpapi.Deps{
+	srv := httptest.NewServer(validated(t, httpapi.New(httpapi.Deps{
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Auth: busyAuth{},
-	}))
+	})))
 	t.Cleanup(srv.Close)
 	tok, err := auth.NewToken()
 	if err != nil {

@@ -27,7 +27,7 @@ func FuzzCreateOrder(f *testing.F) {
 			req.Header.Set("Content-Type", "application/json")
 			req.Header["Idempotency-Key"] = []string{key}
 			rec := httptest.NewRecorder()
-			a.handler.ServeHTTP(rec, req)
+			validated(t, a.handler).ServeHTTP(rec, req)
 			return rec
 		}
 		first := send()

@@ -106,7 +106,7 @@ func TestReportsShowMoneySumsExactlyPastInt64(t *testing.T) {
 		GetCustomerSummary: query.NewGetCustomerSummaryHandler(a.db, query.NewChanges()),
 		GetDailySales:      query.NewGetDailySalesHandler(a.db),
 	})
-	srv := httptest.NewServer(handler)
+	srv := httptest.NewServer(validated(t, handler))
 	t.Cleanup(srv.Close)
 	a.url = srv.URL
 

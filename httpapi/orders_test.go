@@ -69,7 +69,7 @@ func newAPIWith(tb testing.TB, db *pgxpool.Pool, cfg command.IdempotencyConfig) 
 
 		GetCustomerSummary: query.NewGetCustomerSummaryHandler(db, nil),
 	})
-	srv := httptest.NewServer(handler)
+	srv := httptest.NewServer(validated(tb, handler))
 	tb.Cleanup(srv.Close)
 	a := api{handler: handler, url: srv.URL, db: db, idem: idem, clients: clients}
 	a.token = a.newToken(tb, "t1")

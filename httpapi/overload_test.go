@@ -30,11 +30,11 @@ func TestOverloadIsShedWith429(t *testing.T) {
 	}
 	clients := auth.NewClients(db, 0)
 	limit := httpapi.NewInFlightLimit(1)
-	srv := httptest.NewServer(httpapi.New(httpapi.Deps{
+	srv := httptest.NewServer(validated(t, httpapi.New(httpapi.Deps{
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Auth: clients,
 		Idempotency: idem, Keys: idem, CreateOrder: command.NewCreateOrderHandler(),
 		InFlight: limit,
-	}))
+	})))
 	defer srv.Close()
 	token, err := clients.CreateToken(ctx, "t1", "test")
 	if err != nil {

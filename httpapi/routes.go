@@ -5,6 +5,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/acme/orders/api"
 	"github.com/acme/orders/health"
 	"github.com/acme/orders/metrics"
 )
@@ -22,6 +23,7 @@ func (s *Server) routes() http.Handler {
 
 	health.Register(r, s.Health)
 	r.Get("/metrics", metrics.Handler(s.Metrics))
+	r.Get("/openapi.json", s.openAPI)
 
 	r.Route("/v1", func(r chi.Router) {
 		// Authenticate first (a forged token takes no slot), then the
@@ -40,4 +42,17 @@ func (s *Server) routes() http.Handler {
 		r.Get("/idempotency-keys/{key}", s.getIdempotencyKey)
 	})
 	return r
+}
+
+// openAPI handles GET /openapi.json: the API's OpenAPI 3.1 document
+// (api/openapi.yaml) as JSON, to anyone (it holds no data).
+func (s *Server) openAPI(w http.ResponseWriter, r *http.Request) {
+	b, err := api.JSON()
+	if err != nil {
+		writeProblem(w, r, s.Logger, problemFor(err), err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	_, _ = w.Write(b)
 }

@@ -50,13 +50,13 @@ func newLimitedAPI(t *testing.T, cfg httpapi.TenantLimitConfig, global int, body
 	if global > 0 {
 		inFlight = httpapi.NewInFlightLimit(global)
 	}
-	srv := httptest.NewServer(httpapi.New(httpapi.Deps{
+	srv := httptest.NewServer(validated(t, httpapi.New(httpapi.Deps{
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Auth: clients,
 		Idempotency: idem, Keys: idem, CreateOrder: command.NewCreateOrderHandler(),
 		GetOrder:   query.NewGetOrderHandler(db, query.NewChanges()),
 		ListOrders: query.NewListOrdersHandler(db),
 		InFlight:   inFlight, Tenants: tenants, BodyTimeout: bodyTimeout,
-	}))
+	})))
 	t.Cleanup(srv.Close)
 	return limitedAPI{url: srv.URL, tenants: tenants, global: inFlight, clients: clients}
 }

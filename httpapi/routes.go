@@ -6,12 +6,11 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/acme/orders/health"
-	"github.com/acme/orders/metrics"
 )
 
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(withRequestID, s.recoverer, s.logRequests)
+	r.Use(s.measure, withRequestID, s.recoverer, s.logRequests)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, s.Logger, problem(http.StatusNotFound, "not-found", "Not found", "No such endpoint."), nil)
 	})
@@ -21,7 +20,9 @@ func (s *Server) routes() http.Handler {
 	})
 
 	health.Register(r, s.Health)
-	r.Get("/metrics", metrics.Handler(s.Metrics))
+	if s.Metrics != nil {
+		r.Method(http.MethodGet, "/metrics", s.Metrics)
+	}
 
 	r.Route("/v1", func(r chi.Router) {
 		// Authenticate first (a forged token takes no slot), then the

@@ -103,9 +103,10 @@ type Executor func(ctx context.Context, tx pgx.Tx) (Response, error)
 // the stored response to every retry. It is safe for any number of concurrent
 // callers in any number of processes sharing the database.
 type Idempotency struct {
-	db    postgres.DB
-	ttl   time.Duration
-	quota *keyQuota
+	db          postgres.DB
+	ttl         time.Duration
+	quota       *keyQuota
+	waitSeconds Observer // nil: not observed
 
 	created, replays, mismatches, waits, waitTimeouts atomic.Int64
 }
@@ -159,7 +160,14 @@ type IdempotencyConfig struct {
 	// replicas can overshoot the quota by what they store in one interval.
 	// Default DefaultKeyQuotaRefresh.
 	KeyQuotaRefresh time.Duration
+	// WaitSeconds, if set, observes how long each request held up by an
+	// in-flight request with its key waited, in seconds (those that timed
+	// out included).
+	WaitSeconds Observer
 }
+
+// Observer takes one observation, such as a prometheus.Histogram.
+type Observer interface{ Observe(float64) }
 
 func (c *IdempotencyConfig) validate() error {
 	if c.TTL == 0 {
@@ -188,7 +196,7 @@ func NewIdempotency(db postgres.DB, cfg IdempotencyConfig) (*Idempotency, error)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Idempotency{db: db, ttl: cfg.TTL, quota: newKeyQuota(db, cfg.KeyQuota, cfg.KeyQuotaRefresh)}, nil
+	return &Idempotency{db: db, ttl: cfg.TTL, quota: newKeyQuota(db, cfg.KeyQuota, cfg.KeyQuotaRefresh), waitSeconds: cfg.WaitSeconds}, nil
 }
 
 // Do executes exec once for req, in one transaction with the key row, and
@@ -241,12 +249,16 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 				// for it like any duplicate; if it claims, the key is new
 				// and is refused (the rollback stores nothing).
 			}
-			claimed, expiresAt, waited, err := s.claim(ctx, tx, req, fp, canonical, wait)
-			if waited {
+			claimed, expiresAt, took, err := s.claim(ctx, tx, req, fp, canonical, wait)
+			timedOut := postgres.HasCode(err, postgres.CodeLockNotAvailable)
+			if took >= waitThreshold || timedOut {
 				outcome |= outcomeWaited
+				if s.waitSeconds != nil {
+					s.waitSeconds.Observe(took.Seconds())
+				}
 			}
 			switch {
-			case postgres.HasCode(err, postgres.CodeLockNotAvailable):
+			case timedOut:
 				outcome |= outcomeWaitTimeout
 				return ErrInFlight
 			case err != nil:
@@ -428,10 +440,10 @@ func (s *Idempotency) DeleteExpired(ctx context.Context, batch int) (int64, erro
 // bound for this statement only (so that nothing else in the transaction,
 // COMMIT included, can time out on it), the insert, and the reset. claimed
 // reports whether the row is now this transaction's; if not, a committed
-// request holds the key. waited reports whether the insert was held up by
-// another transaction. A wait past the bound is an error with SQLSTATE
-// 55P03.
-func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration) (claimed bool, expiresAt time.Time, waited bool, err error) {
+// request holds the key. took is how long the round trip took: at least
+// waitThreshold, the insert was held up by another transaction. A wait past
+// the bound is an error with SQLSTATE 55P03.
+func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration) (claimed bool, expiresAt time.Time, took time.Duration, err error) {
 	b := &pgx.Batch{}
 	b.Queue(KeyLockTimeout, lockTimeout(wait))
 	b.Queue(KeyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).
@@ -446,7 +458,7 @@ func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp
 	b.Queue(KeyLockTimeoutReset)
 	start := time.Now()
 	err = tx.SendBatch(ctx, b).Close()
-	return claimed, expiresAt, time.Since(start) >= waitThreshold, err
+	return claimed, expiresAt, time.Since(start), err
 }
 
 type storedKey struct {

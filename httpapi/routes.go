@@ -7,12 +7,11 @@ import (
 
 	"github.com/acme/orders/api"
 	"github.com/acme/orders/health"
-	"github.com/acme/orders/metrics"
 )
 
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(withRequestID, s.recoverer, s.logRequests)
+	r.Use(s.measure, withRequestID, s.recoverer, s.logRequests)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, s.Logger, problem(http.StatusNotFound, "not-found", "Not found", "No such endpoint."), nil)
 	})
@@ -22,7 +21,9 @@ func (s *Server) routes() http.Handler {
 	})
 
 	health.Register(r, s.Health)
-	r.Get("/metrics", metrics.Handler(s.Metrics))
+	if s.Metrics != nil {
+		r.Method(http.MethodGet, "/metrics", s.Metrics)
+	}
 	r.Get("/openapi.json", s.openAPI)
 
 	r.Route("/v1", func(r chi.Router) {

@@ -21,7 +21,6 @@ import (
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/health"
-	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/query"
 )
 
@@ -91,8 +90,11 @@ type Deps struct {
 	ReadWait time.Duration
 	// Health answers /readyz from its last round of checks (nil: always ready).
 	Health *health.Monitor
-	// Metrics are served at /metrics (Prometheus text format).
-	Metrics []metrics.Metric
+	// Metrics, if set, is served at GET /metrics (see metrics.Handler).
+	Metrics http.Handler
+	// Requests, if set, counts and times every request by route template,
+	// method and status.
+	Requests *RequestMetrics
 	// InFlight, if set, bounds the /v1 requests served at once; the rest
 	// get 429 (health and metrics endpoints are never limited). It is the
 	// last-resort net behind Tenants, whose per-tenant limit is well below it.

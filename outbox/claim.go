@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -14,6 +15,7 @@ type outboxRow struct {
 	ID        uuid.UUID
 	EventType string
 	Payload   []byte
+	CreatedAt time.Time
 }
 
 // RelayBatch publishes, for each worker of the relay in turn, one batch of
@@ -57,8 +59,12 @@ func (w *worker) relayBatch(ctx context.Context) (claimed int, err error) {
 		if claimed == 0 {
 			return nil
 		}
+		start := time.Now()
 		acked, duplicates, perr := r.publish(ctx, events)
 		publishErr = perr
+		if r.cfg.PublishSeconds != nil {
+			r.cfg.PublishSeconds.Observe(time.Since(start).Seconds())
+		}
 		if acked == 0 {
 			return nil
 		}
@@ -71,6 +77,12 @@ func (w *worker) relayBatch(ctx context.Context) (claimed int, err error) {
 		}
 		r.published.Add(int64(acked))
 		r.duplicates.Add(int64(duplicates))
+		if o := r.cfg.CommitToPublishedSeconds; o != nil {
+			now := time.Now()
+			for _, e := range events[:acked] {
+				o.Observe(now.Sub(e.CreatedAt).Seconds())
+			}
+		}
 		return nil
 	})
 	if err != nil && conn.IsClosed() {

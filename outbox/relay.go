@@ -96,7 +96,18 @@ type Config struct {
 	StreamReplicas int
 	// DuplicateWindow overrides the stream's duplicate window (tests).
 	DuplicateWindow time.Duration
+	// PublishSeconds, if set, observes how long each batch took to publish,
+	// from its first message sent to its last PubAck, in seconds.
+	PublishSeconds Observer
+	// CommitToPublishedSeconds, if set, observes for every event marked
+	// published how long after its outbox row was written (created_at, the
+	// start of its transaction by the database clock) this process marked
+	// it, in seconds; the two clocks should agree.
+	CommitToPublishedSeconds Observer
 }
+
+// Observer takes one observation, such as a prometheus.Histogram.
+type Observer interface{ Observe(float64) }
 
 // withDefaults returns c with its zero fields set to the defaults, or an
 // error naming the first field out of range.

@@ -12,9 +12,9 @@ WHERE NOT p = ANY($2::int[]) AND pg_try_advisory_lock($3, p)
 LIMIT $4`
 
 	// OutboxClaimSQL claims the $1 oldest unpublished rows of the
-	// partitions $2, in seq order.
+	// partitions $2, in seq order, with when each was written.
 	OutboxClaimSQL = `
-SELECT id, event_type, payload
+SELECT id, event_type, payload, created_at
 FROM outbox
 WHERE published_at IS NULL AND partition = ANY($2)
 ORDER BY seq

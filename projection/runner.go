@@ -92,7 +92,27 @@ type Config struct {
 	// RedriveInterval is how often the runner re-drives parked events that
 	// no open dead letter holds back; default DefaultRedriveInterval.
 	RedriveInterval time.Duration
+	// Observers, if set, is called once per runner with its projection's
+	// name and returns where the runner reports its batches and the events
+	// it applies (for metrics).
+	Observers func(projection string) Observers
 }
+
+// Observers receive a runner's measurements; a nil one is skipped.
+type Observers struct {
+	// BatchEvents observes the number of messages of each batch.
+	BatchEvents Observer
+	// BatchSeconds observes how long each batch took, from its decoding to
+	// its last ack, in seconds.
+	BatchSeconds Observer
+	// CommitToAppliedSeconds observes, for every event applied from the
+	// stream, the time from its occurred_at (its command's commit) to the
+	// ack of its batch, in seconds.
+	CommitToAppliedSeconds Observer
+}
+
+// Observer takes one observation, such as a prometheus.Histogram.
+type Observer interface{ Observe(float64) }
 
 func (c Config) withDefaults() Config {
 	if c.BatchSize <= 0 {
@@ -157,6 +177,7 @@ type Runner struct {
 	stats    [outcomeCount]atomic.Int64 // per Outcome
 	deferred atomic.Int64               // delayed events parked past their tenant's share
 	window   *delayedWindow
+	obs      Observers
 }
 
 // NewRunner returns a Runner applying the stream on js to proj in db. js may
@@ -164,8 +185,12 @@ type Runner struct {
 // rebuild).
 func NewRunner(db *pgxpool.Pool, js jetstream.JetStream, proj Projection, logger *slog.Logger, cfg Config) *Runner {
 	cfg = cfg.withDefaults()
-	return &Runner{db: db, js: js, proj: proj, logger: logger.With("projection", proj.Name()), cfg: cfg,
+	r := &Runner{db: db, js: js, proj: proj, logger: logger.With("projection", proj.Name()), cfg: cfg,
 		window: newDelayedWindow(cfg.tenantLimit())}
+	if cfg.Observers != nil {
+		r.obs = cfg.Observers(proj.Name())
+	}
+	return r
 }
 
 // Name is the projection's name.
@@ -392,8 +417,15 @@ func decodeMessages(msgs []jetstream.Msg) []*event {
 // transaction of its own, so one bad event cannot hold up the others. A long
 // batch tells JetStream it is still in progress.
 func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
+	start := time.Now()
 	stop := r.keepInProgress(msgs)
 	defer stop()
+	if o := r.obs.BatchEvents; o != nil {
+		o.Observe(float64(len(msgs)))
+	}
+	if o := r.obs.BatchSeconds; o != nil {
+		defer func() { o.Observe(time.Since(start).Seconds()) }()
+	}
 
 	events := decodeMessages(msgs)
 	for _, e := range events {
@@ -503,6 +535,9 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 		default:
 			err = e.msg.Ack()
 			r.stats[e.outcome].Add(1)
+			if o := r.obs.CommitToAppliedSeconds; o != nil && e.outcome == Applied {
+				o.Observe(time.Since(e.env.OccurredAt).Seconds())
+			}
 		}
 		if err != nil {
 			r.logger.WarnContext(ctx, "settle message", "event_id", e.env.ID, "outcome", e.outcome.String(), "err", err)

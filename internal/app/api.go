@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/acme/orders/auth"
 	"github.com/acme/orders/command"
@@ -246,8 +247,12 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	}
 	defer CloseNATS(nc, logger)
 
+	reg := metrics.NewRegistry()
+	keyWait := prometheus.NewHistogram(metrics.HistogramOpts("idempotency_wait_seconds",
+		"how long requests held up by an in-flight request with their key waited (those answered 409 included)", metrics.LatencyBuckets))
+	reg.MustRegister(keyWait)
 	idem, err := command.NewIdempotency(pool, command.IdempotencyConfig{
-		TTL: cfg.keyTTL, KeyQuota: cfg.keyQuota, KeyQuotaRefresh: cfg.keyQuotaRefresh,
+		TTL: cfg.keyTTL, KeyQuota: cfg.keyQuota, KeyQuotaRefresh: cfg.keyQuotaRefresh, WaitSeconds: keyWait,
 	})
 	if err != nil {
 		return err
@@ -286,9 +291,15 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		// One relay with several workers, each owning its share of the
 		// partitions on its own connection, so that one claims and marks in
 		// the database while another waits for PubAcks.
+		publish := prometheus.NewHistogram(metrics.HistogramOpts("relay_publish_seconds",
+			"time to publish one relay batch, from its first message to its last PubAck", metrics.LatencyBuckets))
+		delay := prometheus.NewHistogram(metrics.HistogramOpts("relay_commit_to_published_seconds",
+			"time from an event's outbox row written to its row marked published", metrics.LatencyBuckets))
+		reg.MustRegister(publish, delay)
 		relay, err := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{
 			StreamReplicas: cfg.replicas, MaxPartitions: cfg.relayPartitions, Workers: cfg.relayWorkers,
 			Retention: cfg.relayRetention, BatchSize: cfg.relayBatch,
+			PublishSeconds: publish, CommitToPublishedSeconds: delay,
 		})
 		if err != nil {
 			return err
@@ -341,6 +352,13 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		counter("auth_negative_cache_hits_total", "unknown bearer tokens refused from the negative cache", func() int64 { return clients.Stats().NegativeHits }),
 		counter("auth_busy_total", "bearer tokens answered 503 auth-busy (every look-up slot busy)", func() int64 { return clients.Stats().Busy }),
 		counter("auth_stale_hits_total", "known bearer tokens served from the cache past -token-cache-ttl while being re-read", func() int64 { return clients.Stats().StaleHits }))
+	requests, err := httpapi.NewRequestMetrics(reg)
+	if err != nil {
+		return err
+	}
+	if err := metrics.Register(reg, append(ms, backlogMetrics(ctx, pool)...)...); err != nil {
+		return err
+	}
 	handler := httpapi.New(httpapi.Deps{
 		Logger:             logger,
 		Auth:               clients,
@@ -357,7 +375,8 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		GetDailySales:      query.NewGetDailySalesHandler(pool),
 		KeyWait:            cfg.keyWait,
 		Health:             monitor,
-		Metrics:            append(ms, backlogMetrics(ctx, pool)...),
+		Metrics:            metrics.Handler(reg),
+		Requests:           requests,
 		InFlight:           inFlight,
 		Tenants:            tenants,
 		BodyTimeout:        cfg.bodyTimeout,
@@ -371,7 +390,8 @@ func pingPool(pool *pgxpool.Pool) health.Check {
 	return func(ctx context.Context) error { return pool.Ping(ctx) }
 }
 
-// backlogMetrics report what waits in the outbox (for every relay).
+// backlogMetrics report what waits in the outbox (for every relay): one
+// statement per scrape, on the partial index of unpublished rows.
 func backlogMetrics(ctx context.Context, pool *pgxpool.Pool) []metrics.Metric {
 	read := func(f func(outbox.Backlog) float64) func() []metrics.Sample {
 		return func() []metrics.Sample {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/acme/orders/health"
@@ -222,6 +224,8 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	}
 	// Each projection has its own durable consumer, inbox rows, positions
 	// and checkpoint; a process keeps all of them, or those it is told to.
+	reg := metrics.NewRegistry()
+	cfg.runner.Observers = runnerObservers(reg)
 	var runners []*projection.Runner
 	for _, p := range projections() {
 		if *only == "" || slices.Contains(strings.Split(*only, ","), p.Name()) {
@@ -242,11 +246,30 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if err != nil {
 		return fmt.Errorf("-inbox-retention, -inbox-prune-interval: %w", err)
 	}
-	return serveProjector(ctx, cfg, pool, nc, runners, pruner, logger)
+	if err := metrics.Register(reg, projectorMetrics(ctx, runners, pruner, pool, logger)...); err != nil {
+		return err
+	}
+	return serveProjector(ctx, cfg, pool, nc, runners, pruner, reg, logger)
+}
+
+// runnerObservers registers the runners' histograms on reg and returns
+// their Config.Observers: each projection gets its own series.
+func runnerObservers(reg prometheus.Registerer) func(string) projection.Observers {
+	size := prometheus.NewHistogramVec(metrics.HistogramOpts("projection_batch_events",
+		"messages per batch a projection applied in one transaction", metrics.BatchBuckets), []string{"projection"})
+	took := prometheus.NewHistogramVec(metrics.HistogramOpts("projection_batch_duration_seconds",
+		"time a projection took for one batch, from decoding to the last ack", metrics.LatencyBuckets), []string{"projection"})
+	delay := prometheus.NewHistogramVec(metrics.HistogramOpts("projection_commit_to_applied_seconds",
+		"time from an event's occurred_at (its command's commit) to its batch acked, for events applied", metrics.LatencyBuckets), []string{"projection"})
+	reg.MustRegister(size, took, delay)
+	return func(name string) projection.Observers {
+		return projection.Observers{BatchEvents: size.WithLabelValues(name), BatchSeconds: took.WithLabelValues(name),
+			CommitToAppliedSeconds: delay.WithLabelValues(name)}
+	}
 }
 
 func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool, nc *nats.Conn, runners []*projection.Runner,
-	pruner *projection.InboxPruner, logger *slog.Logger) error {
+	pruner *projection.InboxPruner, reg *prometheus.Registry, logger *slog.Logger) error {
 	// The runners, the inbox pruner and the health server stop together:
 	// when ctx ends, or when any of them fails. Each runner finishes and
 	// acks its batch in hand.
@@ -265,7 +288,7 @@ func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool
 	g.Go(func() error { pruner.Run(gctx); return nil })
 	mux := chi.NewRouter()
 	health.Register(mux, monitor)
-	mux.Get("/metrics", metrics.Handler(projectorMetrics(ctx, runners, pruner, pool, logger)))
+	mux.Method(http.MethodGet, "/metrics", metrics.Handler(reg))
 	g.Go(func() error { return Serve(gctx, cfg.httpAddr, mux, logger, ProjectorShutdownTimeout) })
 	var stopping atomic.Int64 // when gctx ended (unix ns)
 	stop := context.AfterFunc(gctx, func() { stopping.Store(time.Now().UnixNano()) })
@@ -283,7 +306,7 @@ func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool
 // bounded statement and a few JetStream calls each), never the inbox.
 func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner *projection.InboxPruner, pool *pgxpool.Pool, logger *slog.Logger) []metrics.Metric {
 	perRunner := func(name, help string, counter bool, f func(projection.Stats) int64) metrics.Metric {
-		return metrics.Metric{Name: name, Help: help, Counter: counter, Read: func() []metrics.Sample {
+		return metrics.Metric{Name: name, Help: help, Counter: counter, Labels: []string{"projection"}, Read: func() []metrics.Sample {
 			var out []metrics.Sample
 			for _, r := range runners {
 				out = append(out, metrics.Sample{Labels: map[string]string{"projection": r.Name()}, Value: float64(f(r.Stats()))})
@@ -293,7 +316,7 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner 
 	}
 	lags := &lagCache{ctx: ctx, runners: runners, logger: logger, maxAge: time.Second}
 	lag := func(name, help string, f func(projection.Lag) float64) metrics.Metric {
-		return metrics.Metric{Name: name, Help: help, Read: func() []metrics.Sample {
+		return metrics.Metric{Name: name, Help: help, Labels: []string{"projection"}, Read: func() []metrics.Sample {
 			var out []metrics.Sample
 			for _, l := range lags.get() {
 				out = append(out, metrics.Sample{Labels: map[string]string{"projection": l.Projection}, Value: f(l)})
@@ -306,6 +329,7 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner 
 		rates[i] = newRateWindow(time.Now(), time.Minute)
 	}
 	applied := metrics.Metric{Name: "projection_applied_per_second", Help: "events this process applied per second over about the last minute (sum the processes for the projection's rate)",
+		Labels: []string{"projection"},
 		Read: func() []metrics.Sample {
 			out := make([]metrics.Sample, len(runners))
 			for i, r := range runners {

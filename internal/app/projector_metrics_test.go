@@ -113,12 +113,16 @@ FROM generate_series(1, 5) AS g`,
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := metrics.Handler(projectorMetrics(ctx, runners, pruner, pool, logger))
+	reg := metrics.NewRegistry()
+	if err := metrics.Register(reg, projectorMetrics(ctx, runners, pruner, pool, logger)...); err != nil {
+		t.Fatal(err)
+	}
+	h := metrics.Handler(reg)
 	rec.take()
 
 	for scrape := range 2 {
 		w := httptest.NewRecorder()
-		h(w, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 		if w.Code != http.StatusOK {
 			t.Fatalf("scrape %d: status %d", scrape, w.Code)
 		}

@@ -176,7 +176,11 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	g.Go(func() error { monitor.Run(gctx); return nil })
 	mux := chi.NewRouter()
 	health.Register(mux, monitor)
-	mux.Get("/metrics", metrics.Handler(workerMetrics(w)))
+	reg := metrics.NewRegistry()
+	if err := metrics.Register(reg, workerMetrics(w)...); err != nil {
+		return err
+	}
+	mux.Method(http.MethodGet, "/metrics", metrics.Handler(reg))
 	g.Go(func() error { return Serve(gctx, *httpAddr, mux, logger, WorkerShutdownTimeout) })
 	var stopping atomic.Int64
 	stop := context.AfterFunc(gctx, func() { stopping.Store(time.Now().UnixNano()) })
@@ -267,19 +271,19 @@ func workerMetrics(w *settle.Worker) []metrics.Metric {
 		}
 	}
 	return []metrics.Metric{
-		{Name: "payment_charges_total", Help: "charges recorded by this process, by outcome", Counter: true, Read: func() []metrics.Sample {
+		{Name: "payment_charges_total", Help: "charges recorded by this process, by outcome", Counter: true, Labels: []string{"outcome"}, Read: func() []metrics.Sample {
 			s := w.Stats()
 			return []metrics.Sample{{Labels: map[string]string{"outcome": "succeeded"}, Value: float64(s.ChargesSucceeded)},
 				{Labels: map[string]string{"outcome": "declined"}, Value: float64(s.ChargesDeclined)}}
 		}},
-		{Name: "payment_refunds_total", Help: "refunds recorded by this process, by outcome", Counter: true, Read: func() []metrics.Sample {
+		{Name: "payment_refunds_total", Help: "refunds recorded by this process, by outcome", Counter: true, Labels: []string{"outcome"}, Read: func() []metrics.Sample {
 			s := w.Stats()
 			return []metrics.Sample{{Labels: map[string]string{"outcome": "succeeded"}, Value: float64(s.RefundsSucceeded)},
 				{Labels: map[string]string{"outcome": "failed"}, Value: float64(s.RefundsFailed)}}
 		}},
-		{Name: "payment_provider_transient_failures_total", Help: "provider calls that failed in a way a retry with the same key may cure", Counter: true,
+		{Name: "payment_provider_transient_failures_total", Help: "provider calls that failed in a way a retry with the same key may cure", Counter: true, Labels: []string{"kind"},
 			Read: kinds(func(s settle.Stats) (int64, int64) { return s.ChargeTransient, s.RefundTransient })},
-		{Name: "payment_dead_lettered_total", Help: "intents dead-lettered by this process", Counter: true,
+		{Name: "payment_dead_lettered_total", Help: "intents dead-lettered by this process", Counter: true, Labels: []string{"kind"},
 			Read: kinds(func(s settle.Stats) (int64, int64) { return s.ChargeDeadLettered, s.RefundDeadLettered })},
 		{Name: "payment_duplicates_skipped_total", Help: "deliveries of intents already recorded (acked without calling the provider)", Counter: true,
 			Read: metrics.One(func() int64 { return w.Stats().Duplicates })},

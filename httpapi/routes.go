@@ -21,9 +21,7 @@ func (s *Server) routes() http.Handler {
 	})
 
 	health.Register(r, s.Health)
-	if s.Metrics != nil {
-		r.Method(http.MethodGet, "/metrics", s.Metrics)
-	}
+	r.Method(http.MethodGet, "/metrics", s.Metrics)
 	r.Get("/openapi.json", s.openAPI)
 
 	r.Route("/v1", func(r chi.Router) {

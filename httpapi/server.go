@@ -21,6 +21,7 @@ import (
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/health"
+	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/query"
 )
 
@@ -90,7 +91,8 @@ type Deps struct {
 	ReadWait time.Duration
 	// Health answers /readyz from its last round of checks (nil: always ready).
 	Health *health.Monitor
-	// Metrics, if set, is served at GET /metrics (see metrics.Handler).
+	// Metrics is served at GET /metrics (see metrics.Handler); if nil, an
+	// empty registry's.
 	Metrics http.Handler
 	// Requests, if set, counts and times every request by route template,
 	// method and status.
@@ -132,6 +134,9 @@ func New(deps Deps) http.Handler {
 	}
 	if deps.BodyTimeout <= 0 {
 		deps.BodyTimeout = DefaultBodyTimeout
+	}
+	if deps.Metrics == nil {
+		deps.Metrics = metrics.Handler(metrics.NewRegistry())
 	}
 	s := &Server{Deps: deps}
 	return s.routes()

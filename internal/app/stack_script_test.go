@@ -68,7 +68,8 @@ func stackEnv(overrides map[string]string) []string {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
 		case "DATABASE_URL", "NATS_URL", "HTTP_ADDR", "PROJECTOR_HTTP_ADDR", "STACK_DIR",
-			"PG_PORT", "NATS_PORT", "API_PORT", "PROJECTOR_PORT", "READY_TIMEOUT", "BASE_URL", "MAKEFLAGS":
+			"PG_PORT", "NATS_PORT", "API_PORT", "PROJECTOR_PORT", "WORKER_PORT", "FAKEPSP_PORT",
+			"PAYMENT_PROVIDER_URL", "WORKER_HTTP_ADDR", "READY_TIMEOUT", "BASE_URL", "MAKEFLAGS":
 			continue
 		}
 		env = append(env, kv)
@@ -118,7 +119,7 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 	}
 
 	state := t.TempDir()
-	ports := stackFreePorts(t, 4)
+	ports := stackFreePorts(t, 6)
 	apiURL := fmt.Sprintf("http://127.0.0.1:%d", ports[2])
 	projURL := fmt.Sprintf("http://127.0.0.1:%d", ports[3])
 	overrides := map[string]string{
@@ -127,6 +128,8 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 		"NATS_PORT":      strconv.Itoa(ports[1]),
 		"API_PORT":       strconv.Itoa(ports[2]),
 		"PROJECTOR_PORT": strconv.Itoa(ports[3]),
+		"WORKER_PORT":    strconv.Itoa(ports[4]),
+		"FAKEPSP_PORT":   strconv.Itoa(ports[5]),
 		"READY_TIMEOUT":  "60",
 	}
 	script := filepath.Join(root, "scripts", "stack.sh")
@@ -145,8 +148,11 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 	if err := first.Start(); err != nil {
 		t.Fatalf("start the first stack: %v", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- first.Wait() }()
+	// exited is closed when the first stack's script has ended, with its
+	// error in firstErr: every waiter sees it, however many there are.
+	exited := make(chan struct{})
+	var firstErr error
+	go func() { firstErr = first.Wait(); close(exited) }()
 	firstOut := func() string {
 		b, _ := os.ReadFile(outPath)
 		return string(b)
@@ -159,8 +165,8 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 		stopped = true
 		_ = first.Process.Signal(syscall.SIGTERM)
 		select {
-		case err := <-exited:
-			return err
+		case <-exited:
+			return firstErr
 		case <-time.After(45 * time.Second):
 			_ = syscall.Kill(-first.Process.Pid, syscall.SIGKILL)
 			<-exited
@@ -184,8 +190,8 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for !strings.Contains(firstOut(), "orders stack is up") {
 		select {
-		case err := <-exited:
-			t.Fatalf("the first stack exited (%v) before it was up:\n%s", err, firstOut())
+		case <-exited:
+			t.Fatalf("the first stack exited (%v) before it was up:\n%s", firstErr, firstOut())
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -217,8 +223,8 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 			t.Errorf("second stack: want one line containing %q, got %d lines:\n%s", want, len(lines), out)
 		}
 		select {
-		case err := <-exited:
-			t.Fatalf("the first stack exited (%v) after the second invocation:\n%s", err, firstOut())
+		case <-exited:
+			t.Fatalf("the first stack exited (%v) after the second invocation:\n%s", firstErr, firstOut())
 		default:
 		}
 		if !stackReady(apiURL+"/readyz") || !stackReady(projURL+"/readyz") {

@@ -16,7 +16,9 @@
 # failing command, pipeline or unset variable stops the run with a non-zero
 # status. BASE_URL and TOKEN_FILE are exported for the blocks, which default
 # them to `make run`'s (http://localhost:8080, .local/run/dev-token). On a
-# failure it names the README line that failed and prints it.
+# failure it names the README line that failed and prints it. The whole run
+# is stopped after README_TIMEOUT seconds (default 300; the project's README
+# takes a few), so a block that starts a server without no-run cannot hang CI.
 set -euo pipefail
 
 usage() { sed -n '5,6p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -33,6 +35,8 @@ else
 	shift 2
 fi
 README="${1:-$ROOT/README.md}"
+README_TIMEOUT="${README_TIMEOUT:-300}"
+[[ "$README_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || { echo "readme: README_TIMEOUT must be a number of seconds, got '$README_TIMEOUT'" >&2; exit 2; }
 [ -r "$README" ] || { echo "readme: cannot read $README" >&2; exit 2; }
 
 # extract: line N of the output is line N of the README if it belongs to a
@@ -65,11 +69,19 @@ if [ "$PRINT" = 1 ]; then
 	exit 0
 fi
 
-command -v curl >/dev/null 2>&1 || { echo "readme: curl is needed" >&2; exit 1; }
+for tool in curl timeout; do
+	command -v "$tool" >/dev/null 2>&1 || { echo "readme: $tool is needed" >&2; exit 1; }
+done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 extract "$PRELUDE" >"$TMP/readme-blocks.sh"
 cd "$(dirname "$README")"
 echo "readme: running the shell blocks of $README against $BASE_URL" >&2
-README_FILE="$(pwd -P)/$NAME" bash "$TMP/readme-blocks.sh" </dev/null
+# timeout signals the blocks' whole process group (a `make run` stops itself)
+st=0
+README_FILE="$(pwd -P)/$NAME" timeout -k 15 "$README_TIMEOUT" bash "$TMP/readme-blocks.sh" </dev/null || st=$?
+if [ "$st" = 124 ] || [ "$st" = 137 ]; then
+	echo "readme: the blocks of $NAME did not finish within README_TIMEOUT=${README_TIMEOUT}s; a block that starts a server must be marked no-run" >&2
+fi
+[ "$st" = 0 ] || exit "$st"
 echo "readme: every shell block of $NAME ran" >&2

@@ -10,12 +10,19 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // runReadme runs scripts/readme.sh on a README with the given text (written to
 // a temporary folder, where the blocks run) and returns its exit status,
 // stdout and stderr.
 func runReadme(tb testing.TB, readme string, args ...string) (int, string, string) {
+	tb.Helper()
+	return runReadmeEnv(tb, nil, readme, args...)
+}
+
+// runReadmeEnv is runReadme with env (KEY=value) added to the environment.
+func runReadmeEnv(tb testing.TB, env []string, readme string, args ...string) (int, string, string) {
 	tb.Helper()
 	dir := tb.TempDir()
 	path := filepath.Join(dir, "README.md")
@@ -27,6 +34,7 @@ func runReadme(tb testing.TB, readme string, args ...string) (int, string, strin
 		tb.Fatalf("locate readme.sh: %v", err)
 	}
 	cmd := exec.Command("bash", append([]string{script}, append(args, path)...)...)
+	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err = cmd.Run()
@@ -105,6 +113,22 @@ func TestReadmeFailsOnABrokenBlock(t *testing.T) {
 				t.Fatalf("stderr does not name %s:\n%s", tc.wantLine, errOut)
 			}
 		})
+	}
+}
+
+func TestReadmeStopsABlockThatNeverEnds(t *testing.T) {
+	t.Parallel()
+	// a block that starts a server (make run) without no-run would hang CI
+	began := time.Now()
+	code, out, errOut := runReadmeEnv(t, []string{"README_TIMEOUT=1"}, "# Fixture\n\n```sh\nsleep 30\necho after-the-sleep\n```\n", "http://127.0.0.1:1", "/tmp/token")
+	if code == 0 || strings.Contains(out, "after-the-sleep") {
+		t.Fatalf("exit status %d for a block that never ends (want non-zero); stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if took := time.Since(began); took > 15*time.Second {
+		t.Fatalf("took %s with README_TIMEOUT=1", took)
+	}
+	if !strings.Contains(errOut, "README_TIMEOUT") {
+		t.Fatalf("stderr does not say which limit stopped it:\n%s", errOut)
 	}
 }
 

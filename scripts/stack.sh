@@ -11,8 +11,8 @@
 #                          folder or any of its ports is taken.
 #   scripts/stack.sh e2e   fresh stack in .local/e2e (api :18080, projector :18081, worker
 #                          :18082, fakepsp :12121), runs
-#                          api.http with httpyac against it, stops everything, exits with
-#                          httpyac's status.
+#                          api.http with httpyac against it, then README.md's shell blocks
+#                          (scripts/readme.sh), stops everything, exits non-zero if either failed.
 # STACK_DIR, PG_PORT, NATS_PORT, API_PORT, PROJECTOR_PORT, WORKER_PORT and
 # FAKEPSP_PORT override the state
 # folder and the ports of either mode (e.g. to run a second stack beside the first).
@@ -308,14 +308,21 @@ if ! token_works; then
 fi
 TOKEN=$(cat "$TOKEN_FILE")
 
-# ---- e2e: run api.http, exit with its status --------------------------------
+# ---- e2e: run api.http, then the README's shell blocks; exit non-zero if one failed
 if [ "$MODE" = e2e ]; then
 	command -v npx >/dev/null 2>&1 || { say "npx (Node.js) is needed for httpyac"; exit 1; }
 	say "stack ready; running api.http with httpyac against http://127.0.0.1:$API_PORT"
 	st=0
 	npx --yes httpyac@6 send api.http --all --var "baseUrl=http://127.0.0.1:$API_PORT" --var "token=$TOKEN" || st=$?
 	if [ "$st" != 0 ]; then
-		say "httpyac failed (status $st); service logs are in $STATE"
+		say "httpyac failed (status $st)"
+	else
+		# the README's shell blocks, against the same stack, so it cannot drift from the code
+		scripts/readme.sh "http://127.0.0.1:$API_PORT" "$TOKEN_FILE" README.md 9>&- || st=$?
+		if [ "$st" != 0 ]; then say "README.md's shell blocks failed (status $st)"; fi
+	fi
+	if [ "$st" != 0 ]; then
+		say "service logs are in $STATE"
 		log_tail "$STATE/api.log" 40
 		log_tail "$STATE/projector.log" 40
 		log_tail "$STATE/worker.log" 40

@@ -233,7 +233,10 @@ func TestRepublishBeyondTheDuplicateWindowIsAbsorbedByTheInbox(t *testing.T) {
 
 	var runners []*projection.Runner
 	for _, p := range []projection.Projection{projection.OrderViews{}, projection.CustomerSummaries{}, projection.DailySales{}} {
-		r := projection.NewRunner(db, js, p, logger, projection.Config{})
+		r, err := projection.NewRunner(db, js, p, logger, projection.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		runners = append(runners, r)
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -311,7 +314,8 @@ func TestRelayWithoutAtomicBatchesPublishesEachMessage(t *testing.T) {
 // runs it keeps outside the pool one connection per worker (the partition
 // leases) plus one listener the workers share.
 func TestRelayRunJoinsItsGoroutinesAndSharesOneListener(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it looks for relay goroutines in the whole process,
+	// where another test's relay would be one.
 	db, js, _ := newPipeline(t, stream.Settings{})
 	const workers = 2
 	relays := []*outbox.Relay{newRelay(t, db, js, outbox.Config{Workers: workers, PollInterval: 50 * time.Millisecond})}

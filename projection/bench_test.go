@@ -25,7 +25,7 @@ func BenchmarkApplyBatch(b *testing.B) {
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	for _, p := range []Projection{OrderViews{}, CustomerSummaries{}, DailySales{}} {
 		b.Run(p.Name(), func(b *testing.B) {
-			r := NewRunner(db, nil, p, logger, Config{})
+			r := mustRunner(b, db, nil, p, logger, Config{})
 			ctx := context.Background()
 			var seq uint64
 			b.ReportAllocs()

@@ -65,7 +65,7 @@ func TestFailedDeadLetterLookupIsNotReadAsNone(t *testing.T) {
 	db := tracedDB(t, tracer)
 	f := newFixture(t, Config{})
 	f.db = db
-	f.runner = NewRunner(db, f.js, OrderViews{}, slog.New(slog.NewTextHandler(testLogOutput(), nil)),
+	f.runner = mustRunner(t, db, f.js, OrderViews{}, slog.New(slog.NewTextHandler(testLogOutput(), nil)),
 		Config{Workers: 1, MaxDeliver: 1, GapDelay: 10 * time.Millisecond})
 
 	v2 := createdEvent(t, uuid.Must(uuid.NewV7()))

@@ -110,7 +110,7 @@ func TestPermanentFailureIsDeadLetteredAtOnce(t *testing.T) {
 				}
 			}
 			if tc.fail != nil {
-				f.runner = NewRunner(f.db, f.js, failingProjection{OrderViews{}, tc.fail}, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
+				f.runner = mustRunner(t, f.db, f.js, failingProjection{OrderViews{}, tc.fail}, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
 			}
 			f.run(t)
 			poison, healthy := orderEvents(t, "poison", "c-p"), orderEvents(t, "t1", "c-h")

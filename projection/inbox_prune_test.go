@@ -98,7 +98,7 @@ SELECT $1, id, 't1', gen_random_uuid(), 1, 1 FROM unnest($2::uuid[]) AS id`, pro
 func TestRedeliveredPrunedEventIsStale(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Config{})
-	f.runner = NewRunner(f.db, f.js, CustomerSummaries{}, slog.New(slog.NewTextHandler(io.Discard, nil)), Config{})
+	f.runner = mustRunner(t, f.db, f.js, CustomerSummaries{}, slog.New(slog.NewTextHandler(io.Discard, nil)), Config{})
 	f.run(t)
 	ctx := context.Background()
 

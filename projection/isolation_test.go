@@ -29,7 +29,7 @@ func TestFailingTenantDoesNotHoldOtherTenantsBack(t *testing.T) {
 	}
 	var flaky atomic.Bool
 	flaky.Store(true)
-	f.runner = NewRunner(f.db, f.js, failingProjection{OrderViews{}, func(e domain.Envelope) error {
+	f.runner = mustRunner(t, f.db, f.js, failingProjection{OrderViews{}, func(e domain.Envelope) error {
 		if e.TenantID == "flaky" && flaky.Load() {
 			return errors.New("downstream hiccup")
 		}

@@ -52,7 +52,7 @@ func TestEveryProjectionAppliesInVersionOrderAndOnce(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	runners := []*Runner{f.runner}
 	for _, p := range []Projection{CustomerSummaries{}, DailySales{}} {
-		runners = append(runners, NewRunner(f.db, f.js, p, logger, Config{GapDelay: 20 * time.Millisecond}))
+		runners = append(runners, mustRunner(t, f.db, f.js, p, logger, Config{GapDelay: 20 * time.Millisecond}))
 	}
 	for _, r := range runners[1:] {
 		fr := f

@@ -180,17 +180,20 @@ type Runner struct {
 	obs      Observers
 }
 
-// NewRunner returns a Runner applying the stream on js to proj in db. js may
-// be nil for the operations that need only the database (dead letters,
-// rebuild).
-func NewRunner(db *pgxpool.Pool, js jetstream.JetStream, proj Projection, logger *slog.Logger, cfg Config) *Runner {
+// NewRunner returns a Runner applying the stream on js to proj in db, or an
+// error naming the field of cfg that is invalid. js may be nil for the
+// operations that need only the database (dead letters, rebuild).
+func NewRunner(db *pgxpool.Pool, js jetstream.JetStream, proj Projection, logger *slog.Logger, cfg Config) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("projection %s: %w", proj.Name(), err)
+	}
 	cfg = cfg.withDefaults()
 	r := &Runner{db: db, js: js, proj: proj, logger: logger.With("projection", proj.Name()), cfg: cfg,
 		window: newDelayedWindow(cfg.tenantLimit())}
 	if cfg.Observers != nil {
 		r.obs = cfg.Observers(proj.Name())
 	}
-	return r
+	return r, nil
 }
 
 // Name is the projection's name.
@@ -252,9 +255,6 @@ func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 // while NATS is unreachable. On shutdown it finishes the batch in hand (and
 // acks it) and hands the buffered, unapplied messages back for redelivery.
 func (r *Runner) Run(ctx context.Context) error {
-	if err := r.cfg.Validate(); err != nil {
-		return fmt.Errorf("projection %s: %w", r.proj.Name(), err)
-	}
 	var cons jetstream.Consumer
 	for {
 		var err error

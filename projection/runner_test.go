@@ -32,7 +32,7 @@ func newFixture(t *testing.T, cfg Config) fixture {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(testLogOutput(), nil))
-	return fixture{db: db, js: js, runner: NewRunner(db, js, OrderViews{}, logger, cfg)}
+	return fixture{db: db, js: js, runner: mustRunner(t, db, js, OrderViews{}, logger, cfg)}
 }
 
 // run runs the runner until the test ends.

@@ -61,9 +61,8 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("Validate(%+v) = %v, want an error naming %s", tc.cfg, err, tc.field)
 		}
-		r := NewRunner(nil, nil, OrderViews{}, slog.New(slog.DiscardHandler), tc.cfg)
-		if err := r.Run(context.Background()); err == nil || !strings.Contains(err.Error(), tc.field) {
-			t.Errorf("Run with %+v = %v, want an error naming %s", tc.cfg, err, tc.field)
+		if _, err := NewRunner(nil, nil, OrderViews{}, slog.New(slog.DiscardHandler), tc.cfg); err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("NewRunner with %+v = %v, want an error naming %s", tc.cfg, err, tc.field)
 		}
 	}
 	if err := (Config{}).Validate(); err != nil {
@@ -115,7 +114,7 @@ func TestDeferralsOfABatchAreParkedInOneStatement(t *testing.T) {
 	failing := failingProjection{Projection: OrderViews{}, fail: func(domain.Envelope) error {
 		return errors.New("connection reset") // transient: delayed, and counted against the share
 	}}
-	f.runner = NewRunner(db, f.js, failing, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
+	f.runner = mustRunner(t, db, f.js, failing, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
 	const n = 4
 	for range n {
 		v1 := createdEvent(t, uuid.Must(uuid.NewV7()))

@@ -22,7 +22,10 @@ func TestLagCacheReadingsDoNotShareMemory(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var runners []*projection.Runner
 	for _, p := range projections() {
-		r := projection.NewRunner(pool, js, p, logger, projection.Config{})
+		r, err := projection.NewRunner(pool, js, p, logger, projection.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if _, err := r.Consumer(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -162,7 +162,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	runnerOf := func(js jetstream.JetStream, name string) (*projection.Runner, error) {
 		for _, p := range projections() {
 			if p.Name() == name {
-				return projection.NewRunner(pool, js, p, logger, cfg.runner), nil
+				return projection.NewRunner(pool, js, p, logger, cfg.runner)
 			}
 		}
 		return nil, fmt.Errorf("no projection %q\n%s", name, projectorUsage)
@@ -229,7 +229,11 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	var runners []*projection.Runner
 	for _, p := range projections() {
 		if *only == "" || slices.Contains(strings.Split(*only, ","), p.Name()) {
-			runners = append(runners, projection.NewRunner(pool, js, p, logger, cfg.runner))
+			r, err := projection.NewRunner(pool, js, p, logger, cfg.runner)
+			if err != nil {
+				return err
+			}
+			runners = append(runners, r)
 		}
 	}
 	if len(runners) == 0 {

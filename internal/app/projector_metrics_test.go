@@ -103,7 +103,10 @@ FROM generate_series(1, 5) AS g`,
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var runners []*projection.Runner
 	for _, p := range projections() {
-		r := projection.NewRunner(pool, js, p, logger, projection.Config{})
+		r, err := projection.NewRunner(pool, js, p, logger, projection.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if _, err := r.Consumer(ctx); err != nil {
 			t.Fatal(err)
 		}

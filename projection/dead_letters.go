@@ -108,14 +108,16 @@ func DeadLetterProjection(ctx context.Context, db postgres.DB, id int64) (string
 // decode reorders the events, so a list of ids kept beside them would no
 // longer line up.
 func storedEvents(ctx context.Context, tx pgx.Tx, clause string, args ...any) ([]*event, error) {
-	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries FROM dead_letters WHERE `+clause, args...)
+	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries, created_at FROM dead_letters WHERE `+clause, args...)
 	var events []*event
 	var id, seq int64
 	var deliveries int32
 	var subject string
 	var payload []byte
-	if _, err := pgx.ForEachRow(rows, []any{&id, &subject, &payload, &seq, &deliveries}, func() error {
-		events = append(events, &event{deadID: id, subject: subject, data: payload, seq: uint64(seq), deliveries: uint64(deliveries)})
+	var created time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&id, &subject, &payload, &seq, &deliveries, &created}, func() error {
+		events = append(events, &event{deadID: id, subject: subject, data: payload, seq: uint64(seq),
+			deliveries: uint64(deliveries), parkedAt: created})
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("read dead letters: %w", err)

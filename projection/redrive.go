@@ -177,6 +177,9 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event,
 			// The re-drive that applies the predecessor makes it due; the
 			// backoff is a fallback.
 			reason, deliveries, retryIn = held[e.env.ID], e.deliveries, r.retryDelay(e.deliveries)
+		case e.outcome == Gap && final && time.Since(e.parkedAt) < r.predecessorHorizon():
+			// Its predecessor may still be redelivered: keep waiting.
+			reason, deliveries, retryIn = waitingFor(e), e.deliveries, r.gapDelay(e.deliveries)
 		case e.outcome == Gap && final:
 			status, reason = statusOpen, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
 				e.env.AggregateVersion, e.env.AggregateVersion-1, deliveries)

@@ -3,8 +3,11 @@ package projection
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"log/slog"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -178,5 +181,83 @@ func TestGapParksBehindAParkedPredecessorAtOnce(t *testing.T) {
 	})
 	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE status <> 'retried'`); n != 0 {
 		t.Fatalf("%d dead letters not resolved as retried", n)
+	}
+}
+
+// A predecessor that fails transiently keeps being redelivered with the
+// retry backoff (1 s doubling to a minute by default), which outlasts the
+// gap backoff of its successor (0.5 s doubling to 30 s). The successor must
+// not give up on it: at its last delivery it is parked, waiting, and
+// re-driven once the predecessor is applied; never an open dead letter that
+// holds the order back after both could be applied. (Found by `make faults
+// SEED=505`: a v6 dead-lettered during PostgreSQL restarts while its v5 was
+// still retrying.)
+func TestGapOutlivesItsPredecessorsRetries(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Workers: 1, MaxDeliver: 4, GapDelay: 10 * time.Millisecond,
+		RetryDelay: 100 * time.Millisecond, RedriveInterval: 50 * time.Millisecond}
+	f := newFixture(t, cfg)
+	var v1Failures atomic.Int32
+	f.runner = mustRunner(t, f.db, f.js, failingProjection{OrderViews{}, func(e domain.Envelope) error {
+		if e.AggregateVersion == 1 && v1Failures.Add(1) <= 3 {
+			return errors.New("connection reset by peer") // transient
+		}
+		return nil
+	}}, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
+	evs := orderEvents(t, "t1", "c-1")
+	for _, e := range evs[:2] {
+		f.publish(t, e, e.ID.String())
+	}
+	f.run(t)
+
+	eventually(t, "v1 and v2 are applied", func() bool {
+		return f.count(t, `SELECT count(*) FROM order_views WHERE order_id = $1 AND version = 2`, evs[0].AggregateID) == 1
+	})
+	if n := f.count(t, `SELECT count(*) FROM inbox WHERE aggregate_id = $1`, evs[0].AggregateID); n != 2 {
+		t.Fatalf("inbox rows of the order = %d, want 2 (each event once)", n)
+	}
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE status <> 'retried'`); n != 0 {
+		t.Fatalf("%d dead letters not resolved as retried", n)
+	}
+	if s := f.runner.Stats(); s.DeadLettered != 0 {
+		t.Fatalf("stats = %+v: something was dead-lettered", s)
+	}
+}
+
+// A successor parked waiting for its predecessor stays parked while the
+// predecessor may still be redelivered (within the runner's redelivery
+// horizon, counted from when it was parked), and only past it becomes an
+// open dead letter that says which version never came.
+func TestWaitingGapIsOpenedOnlyPastTheHorizon(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{RetryDelay: time.Millisecond})
+	ctx := context.Background()
+	v2 := orderEvents(t, "t1", "c-1")[1]
+	id := f.parkedRow(t, v2, statusParked, "waiting for version 1", uint64(DefaultMaxDeliver))
+	if n, err := f.runner.redrive(ctx); err != nil || n != 1 {
+		t.Fatalf("redrive = %d, %v; want 1 taken", n, err)
+	}
+	var status, reason string
+	var due bool
+	read := func() {
+		t.Helper()
+		if err := f.db.QueryRow(ctx, `SELECT status, error, next_attempt_at IS NOT NULL FROM dead_letters WHERE id = $1`, id).Scan(&status, &reason, &due); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read()
+	if status != statusParked || !due || !strings.Contains(reason, "waiting for version 1") {
+		t.Fatalf("within the horizon: status %q, reason %q, on a clock %v; want parked, waiting for version 1, on a clock", status, reason, due)
+	}
+	if _, err := f.db.Exec(ctx, `UPDATE dead_letters SET created_at = now() - $2::bigint * interval '1 microsecond', next_attempt_at = now() WHERE id = $1`,
+		id, (f.runner.predecessorHorizon() + time.Second).Microseconds()); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.runner.redrive(ctx); err != nil || n != 1 {
+		t.Fatalf("redrive = %d, %v; want 1 taken", n, err)
+	}
+	read()
+	if status != statusOpen || !strings.Contains(reason, "never became applicable (version 1 missing)") {
+		t.Fatalf("past the horizon: status %q, reason %q; want open, version 1 missing", status, reason)
 	}
 }

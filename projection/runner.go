@@ -361,9 +361,10 @@ type event struct {
 	seq         uint64
 	deliveries  uint64
 	env         domain.Envelope
-	undecodable bool  // not an envelope at all
-	deadID      int64 // its dead_letters row, for an event read from there
-	permanent   bool  // err is a failure no retry can fix (Permanent)
+	undecodable bool      // not an envelope at all
+	deadID      int64     // its dead_letters row, for an event read from there
+	parkedAt    time.Time // when that row was written
+	permanent   bool      // err is a failure no retry can fix (Permanent)
 	outcome     Outcome
 	err         error
 }
@@ -506,16 +507,22 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 				}
 				continue
 			}
-			if held != "" {
-				r.parkAndAck(ctx, e, held)
-				continue
+			switch held {
+			case reasonBehindOpen:
+				r.parkAndAck(ctx, e, held, noAttempt) // until the open one is resolved
+			case reasonBehindParked:
+				// The re-drive that applies the predecessor makes it due;
+				// the backoff is a fallback.
+				r.parkAndAck(ctx, e, held, r.retryDelay(e.deliveries))
+			default:
+				// Its predecessor may still be retrying (the retry backoff
+				// outlasts the gap backoff): wait for it out of the
+				// window; the re-drive opens it only past the horizon.
+				r.parkAndAck(ctx, e, waitingFor(e), r.gapDelay(e.deliveries))
 			}
-			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("version %d never became applicable (version %d missing) in %d deliveries",
-				e.env.AggregateVersion, e.env.AggregateVersion-1, e.deliveries))
-			dead[e.env.AggregateID] = true
 			continue
 		case e.outcome == Gap && dead[e.env.AggregateID]:
-			r.parkAndAck(ctx, e, reasonBehindOpen)
+			r.parkAndAck(ctx, e, reasonBehindOpen, noAttempt)
 			continue
 		}
 		var err error
@@ -649,16 +656,16 @@ func (r *Runner) deferAll(ctx context.Context, deferred []deferral) {
 	}
 }
 
-// parkAndAck parks e behind its order's unresolved dead letter (reason
-// says which): it waits in dead_letters, not in redeliveries. If it cannot
-// be parked, it is nak'ed.
-func (r *Runner) parkAndAck(ctx context.Context, e *event, reason string) {
-	retryIn := noAttempt // behind an open dead letter: until it is resolved
-	if reason == reasonBehindParked {
-		// The re-drive that applies the predecessor makes it due; the
-		// backoff is a fallback.
-		retryIn = r.retryDelay(e.deliveries)
-	}
+// waitingFor is the reason of a gap event parked on its last delivery while
+// its predecessor may still come.
+func waitingFor(e *event) string {
+	return fmt.Sprintf("waiting for version %d (it may still be redelivered)", e.env.AggregateVersion-1)
+}
+
+// parkAndAck parks e (reason says why) to be re-driven in retryIn
+// (noAttempt: not on a clock): it waits in dead_letters, not in
+// redeliveries. If it cannot be parked, it is nak'ed.
+func (r *Runner) parkAndAck(ctx context.Context, e *event, reason string, retryIn time.Duration) {
 	if err := r.deadLetter(ctx, r.db, e, statusParked, reason, retryIn); err != nil {
 		r.logger.ErrorContext(ctx, "cannot park event; will retry", "event_id", e.env.ID, "err", err)
 		if err := e.msg.NakWithDelay(r.gapDelay(e.deliveries)); err != nil {
@@ -709,4 +716,18 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-time.After(d):
 	}
+}
+
+// predecessorHorizon is the longest an event can still be redelivered after
+// its first delivery before the runner dead-letters it: each of its
+// MaxDeliver deliveries after at most AckWait (a worker that died) plus its
+// retry backoff. A successor waiting for it waits this long, counted from
+// when the successor was parked (after its own first delivery, so after the
+// predecessor's), before it calls the predecessor missing.
+func (r *Runner) predecessorHorizon() time.Duration {
+	var h time.Duration
+	for d := uint64(1); d <= uint64(r.cfg.MaxDeliver); d++ {
+		h += r.cfg.AckWait + r.retryDelay(d)
+	}
+	return h
 }

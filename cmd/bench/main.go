@@ -24,7 +24,7 @@ func main() {
 	phase := flag.Duration("phase", 10*time.Second, "length of each load measurement")
 	backlog := flag.Int("backlog", 100_000, "events of the drain measurements")
 	dir := flag.String("dir", ".local/bench", "state directory (wiped first)")
-	only := flag.String("only", "", `"load", "drain" or "pay" (one create phase for the rate, then pay → paid) to measure only those`)
+	only := flag.String("only", "", `"create" (ceilings, create with the pipeline on and api only, lag after a burst), "load" (create, replay, read, end to end, pay), "drain" or "pay" (one create phase for the rate, then pay → paid) to measure only those`)
 	natsSync := flag.String("nats-sync", "", "nats-server sync_interval (default always, the production setting; e.g. 2m for the NATS default)")
 	flag.Parse()
 	root, err := os.Getwd()

@@ -43,6 +43,7 @@ func main() {
 		os.Exit(1)
 	}
 	rep.Print(os.Stdout)
+	rep.PrintProfiles(os.Stdout)
 	file := filepath.Join(state, "results.json")
 	if err := rep.WriteJSON(file); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -74,6 +74,9 @@ type Report struct {
 	When    time.Time `json:"when"`
 	Machine string    `json:"machine"`
 	Rows    []Row     `json:"rows"`
+	// Profiles says where the time went in the profiled measurements, by
+	// name: CPU per process and the top statements per created order.
+	Profiles map[string]string `json:"profiles,omitempty"`
 }
 
 const orderBody = `{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":1250}]}`
@@ -773,6 +776,18 @@ func (rep *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Name, clients, rate,
 			opt(r.P50, "%.1f"), opt(r.P95, "%.1f"), opt(r.P99, "%.1f"), opt(r.Ceiling, "%.0f"), opt(r.Ratio, "%.2f"),
 			opt(r.OwnCeiling, "%.0f"), opt(r.OwnRatio, "%.2f"), r.Target, met)
+	}
+}
+
+// PrintProfiles writes the profiles, in name order.
+func (rep *Report) PrintProfiles(w io.Writer) {
+	names := make([]string, 0, len(rep.Profiles))
+	for name := range rep.Profiles {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fmt.Fprintf(w, "\n### Where the time goes: %s\n\n%s", name, rep.Profiles[name])
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,7 +51,12 @@ func (r *runner) creates(ctx context.Context) (float64, error) {
 		if err != nil {
 			return 0, err
 		}
-		row := r.attack(ctx, "create", c, r.createTargeter())
+		var row Row
+		if c == most {
+			row = r.profiled(ctx, "create at "+fmt.Sprint(c)+" clients, pipeline on", func() Row { return r.attack(ctx, "create", c, r.createTargeter()) })
+		} else {
+			row = r.attack(ctx, "create", c, r.createTargeter())
+		}
 		row.Ceiling, row.Ratio = minimal, row.Rate/minimal
 		row.OwnCeiling, row.OwnRatio = own, row.Rate/own
 		if c == most {
@@ -65,11 +71,11 @@ func (r *runner) creates(ctx context.Context) (float64, error) {
 	if err := r.restartAPI(ctx, false); err != nil {
 		return 0, err
 	}
-	row := r.attack(ctx, "create (api only)", most, r.createTargeter())
+	row := r.profiled(ctx, "create at "+fmt.Sprint(most)+" clients, api only", func() Row { return r.attack(ctx, "create (api only)", most, r.createTargeter()) })
 	row.Ceiling, row.Ratio = minimalMost, row.Rate/minimalMost
 	row.OwnCeiling, row.OwnRatio = ownMost, row.Rate/ownMost
 	row.Target, row.Met = fmt.Sprintf("≥ %.2f of minimal ceiling", targetCreateAPIOnly), ptr(row.Ratio >= targetCreateAPIOnly)
-	row.Note = "relay and projector off"
+	row.Note = "relay and projector off; " + row.Note
 	r.add(row)
 	if err := r.restartAPI(ctx, true); err != nil {
 		return 0, err
@@ -121,4 +127,34 @@ func (r *runner) burstLag(ctx context.Context, clients int) error {
 		Note:   fmt.Sprintf("seconds from the end of a %s create burst at %.0f/s until the outbox is published and every projection idle (polled every 100 ms)", burstLength, row.Rate),
 		Target: fmt.Sprintf("≤ %.0f s", targetCaughtUp), Met: ptr(lag <= targetCaughtUp)})
 	return nil
+}
+
+// profiled runs measure and notes where its time went: the CPU of each of
+// the stack's processes (in the row's Note) and, if the server has
+// pg_stat_statements, its top statements per created order (in the
+// report's Profiles, under name).
+func (r *runner) profiled(ctx context.Context, name string, measure func() Row) Row {
+	tracked := r.statementsReset(ctx)
+	before, start := cpuTicks(r.cfg.Dir), time.Now()
+	row := measure()
+	took := time.Since(start)
+	cpu := cpuSince(r.cfg.Dir, before, took)
+	row.Note = strings.TrimPrefix(row.Note+"; CPU (% of one core): "+cpu, "; ")
+	profile := fmt.Sprintf("CPU (%% of one core): %s\n", cpu)
+	if tracked {
+		top, err := r.statementsTop(ctx, row.Rate*took.Seconds(), 12)
+		if err != nil {
+			profile += fmt.Sprintf("pg_stat_statements: %v\n", err)
+		} else {
+			profile += "\n" + top
+		}
+	} else {
+		profile += "(no pg_stat_statements: run with PG_OPTS='-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on')\n"
+	}
+	if r.rep.Profiles == nil {
+		r.rep.Profiles = map[string]string{}
+	}
+	r.rep.Profiles[name] = profile
+	r.say("where the time went, %s:\n%s", name, profile)
+	return row
 }

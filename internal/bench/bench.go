@@ -521,7 +521,7 @@ func (r *runner) endToEnd(ctx context.Context, maxCreate float64) error {
 	for _, f := range []float64{0.35, 0.5, 0.7, 0.85, 1.0} {
 		_, _, p99, got, failed := measure(f * maxCreate)
 		r.notePeaks()
-		r.say("  end to end at %.0f%% of max create (%.0f/s offered, %.0f/s achieved, %.1f%% not created): p99 %.1f ms (peak RSS so far: api %.0f MiB)",
+		r.say("  end to end at %.0f%% of max create (%.0f/s offered, %.0f/s achieved, %.1f%% not created at the first attempt): p99 %.1f ms (peak RSS so far: api %.0f MiB)",
 			100*f, f*maxCreate, got, 100*failed, p99, r.peak["api"])
 		if p99 >= 1000 || failed > 0.01 {
 			break

@@ -27,8 +27,8 @@ func TestOpenSessionSettings(t *testing.T) {
 		url              string
 		timeout, planned string
 	}{
-		{url, "1min", "force_custom_plan"},
-		{url + sep + "statement_timeout=5s&plan_cache_mode=auto", "5s", "auto"},
+		{url, "1min", "auto"},
+		{url + sep + "statement_timeout=5s&plan_cache_mode=force_custom_plan", "5s", "force_custom_plan"},
 	} {
 		pool, err := postgres.Open(ctx, c.url, 2, 10*time.Second, logger)
 		if err != nil {

@@ -23,8 +23,8 @@ func main() {
 	defer stop()
 	phase := flag.Duration("phase", 10*time.Second, "length of each load measurement")
 	backlog := flag.Int("backlog", 100_000, "events of the drain measurements")
-	dir := flag.String("dir", ".local/bench", "state directory (wiped first)")
-	only := flag.String("only", "", `"load", "drain" or "pay" (one create phase for the rate, then pay → paid) to measure only those`)
+	dir := flag.String("dir", ".local/bench", "state directory (wiped first; relative to the module's root unless absolute)")
+	only := flag.String("only", "", `"create" (ceilings, create with the pipeline on and api only, lag after a burst), "load" (create, replay, read, end to end, pay), "drain" or "pay" (one create phase for the rate, then pay → paid) to measure only those`)
 	natsSync := flag.String("nats-sync", "", "nats-server sync_interval (default always, the production setting; e.g. 2m for the NATS default)")
 	flag.Parse()
 	root, err := os.Getwd()
@@ -32,14 +32,19 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
 	}
-	rep, err := bench.Run(ctx, bench.Config{Root: root, Dir: filepath.Join(root, *dir), Phase: *phase,
+	state := *dir
+	if !filepath.IsAbs(state) {
+		state = filepath.Join(root, state)
+	}
+	rep, err := bench.Run(ctx, bench.Config{Root: root, Dir: state, Phase: *phase,
 		Clients: []int{1, 16, 64}, Backlog: *backlog, Only: *only, NATSSync: *natsSync, Out: os.Stdout})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 	rep.Print(os.Stdout)
-	file := filepath.Join(root, *dir, "results.json")
+	rep.PrintProfiles(os.Stdout)
+	file := filepath.Join(state, "results.json")
 	if err := rep.WriteJSON(file); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)

@@ -27,7 +27,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
+	"github.com/acme/orders/client"
 	"github.com/acme/orders/outbox"
+	"github.com/acme/orders/projection"
 	"github.com/acme/orders/stream"
 )
 
@@ -37,9 +39,13 @@ type Config struct {
 	Phase     time.Duration // length of each load measurement
 	Clients   []int         // concurrency levels of create and replay
 	Backlog   int           // events of the drain measurements
-	Only      string        // "load", "drain" or "pay" to measure only those; "" for all
-	NATSSync  string        // the store's sync_interval; "" for always (the production setting)
-	Out       io.Writer
+	// Only names the one part to measure: "create" (the ceilings, create at
+	// each clients with the pipeline on and api only, the lag after a
+	// burst), "load" (that, then replay, read, end to end and pay → paid),
+	// "drain" or "pay"; "" for all.
+	Only     string
+	NATSSync string // the store's sync_interval; "" for always (the production setting)
+	Out      io.Writer
 }
 
 // Row is one measured line of the table.
@@ -50,11 +56,17 @@ type Row struct {
 	P50     float64 `json:"p50_ms,omitempty"`
 	P95     float64 `json:"p95_ms,omitempty"`
 	P99     float64 `json:"p99_ms,omitempty"`
+	// Ceiling is the minimal ceiling (the least the work needs, in
+	// pgbench) where there is one, else the own-SQL one.
 	Ceiling float64 `json:"ceiling_per_second,omitempty"`
 	Ratio   float64 `json:"ratio,omitempty"` // of the ceiling, or of what Note names
-	Target  string  `json:"target,omitempty"`
-	Met     *bool   `json:"met,omitempty"`
-	Note    string  `json:"note,omitempty"`
+	// OwnCeiling is pgbench of our own statements for the same work; the
+	// gap to Ceiling is the cost of our schema and SQL.
+	OwnCeiling float64 `json:"own_sql_ceiling_per_second,omitempty"`
+	OwnRatio   float64 `json:"own_sql_ratio,omitempty"`
+	Target     string  `json:"target,omitempty"`
+	Met        *bool   `json:"met,omitempty"`
+	Note       string  `json:"note,omitempty"`
 }
 
 // Report is the whole run.
@@ -62,19 +74,25 @@ type Report struct {
 	When    time.Time `json:"when"`
 	Machine string    `json:"machine"`
 	Rows    []Row     `json:"rows"`
+	// Profiles says where the time went in the profiled measurements, by
+	// name: CPU per process and the top statements per created order.
+	Profiles map[string]string `json:"profiles,omitempty"`
 }
 
 const orderBody = `{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":1250}]}`
 
 type runner struct {
-	cfg   Config
-	s     *stack
-	base  string
-	rep   *Report
-	keys  atomic.Uint64 // keys minted so far
-	ids   []string      // created order ids
-	idsMu sync.Mutex
-	peak  map[string]float64 // peak RSS (MiB) of every api / projector process so far
+	cfg  Config
+	s    *stack
+	base string
+	rep  *Report
+	// client sends the end-to-end and pay → paid phases' requests (with its
+	// retries and WaitForVersion), as a careful caller would.
+	client *client.Client
+	keys   atomic.Uint64 // keys minted so far
+	ids    []string      // created order ids
+	idsMu  sync.Mutex
+	peak   map[string]float64 // peak RSS (MiB) of every api / projector process so far
 }
 
 // Run measures everything and returns the report.
@@ -92,10 +110,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	r.base = fmt.Sprintf("http://127.0.0.1:%d", r.s.apiPort)
+	var err error
+	if r.client, err = client.New(r.base, r.s.token, client.WithHTTPClient(&http.Client{
+		Transport: &http.Transport{MaxIdleConnsPerHost: 1024}})); err != nil {
+		return nil, err
+	}
+	if err := r.minimalSchema(ctx); err != nil {
+		return nil, err
+	}
 
 	switch cfg.Only {
 	case "", "load":
 		if err := r.load(ctx); err != nil {
+			return nil, err
+		}
+	case "create":
+		if _, err := r.creates(ctx); err != nil {
 			return nil, err
 		}
 	case "pay":
@@ -150,8 +180,8 @@ func (r *runner) add(row Row) {
 		met = map[bool]string{true: "  target met", false: "  target MISSED"}[*row.Met]
 	}
 	r.notePeaks()
-	r.say("%-28s clients %-3d %10.0f/s  p50 %6.1fms p95 %6.1fms p99 %6.1fms  ceiling %8.0f  ratio %.2f%s  (peak RSS so far: api %.0f MiB)",
-		row.Name, row.Clients, row.Rate, row.P50, row.P95, row.P99, row.Ceiling, row.Ratio, met, r.peak["api"])
+	r.say("%-28s clients %-3d %10.1f/s  p50 %6.1fms p95 %6.1fms p99 %6.1fms  ceiling %8.0f  ratio %.2f  own-SQL ceiling %8.0f  ratio %.2f%s  (peak RSS so far: api %.0f MiB)",
+		row.Name, row.Clients, row.Rate, row.P50, row.P95, row.P99, row.Ceiling, row.Ratio, row.OwnCeiling, row.OwnRatio, met, r.peak["api"])
 }
 
 func (r *runner) find(name string, clients int) Row {
@@ -166,20 +196,9 @@ func (r *runner) find(name string, clients int) Row {
 // load measures create, replay, read and end to end.
 func (r *runner) load(ctx context.Context) error {
 	cfg := r.cfg
-	var maxCreate float64
-	for _, c := range cfg.Clients {
-		ceiling, err := r.pgbench(ctx, "create", createOrderScript(), c)
-		if err != nil {
-			return err
-		}
-		row := r.attack(ctx, "create", c, r.createTargeter())
-		row.Ceiling, row.Ratio = ceiling, row.Rate/ceiling
-		if c == slices.Max(cfg.Clients) {
-			maxCreate = row.Rate
-			row.Target = "≥ 50% of ceiling"
-			row.Met = ptr(row.Ratio >= 0.5)
-		}
-		r.add(row)
+	maxCreate, err := r.creates(ctx)
+	if err != nil {
+		return err
 	}
 	for _, c := range cfg.Clients {
 		row := r.attack(ctx, "replay", c, r.replayTargeter())
@@ -207,68 +226,80 @@ func (r *runner) load(ctx context.Context) error {
 }
 
 // payToPaid pays orders the load phases created (still pending) at 25% of
-// the maximal create rate and measures, for each 202, the time until the
-// order reads back paid from the read model (GET ?min_version=its version
-// + 1, woken by the projector's NOTIFY): the relay, the worker's provider
-// call (fakepsp) and recording, the relay again and the projector.
+// the maximal create rate, each through the client (its retries, one key
+// per logical call), and measures, for each 202, the time until the order
+// reads back paid from the read model (the client's WaitForVersion of its
+// version + 1): the relay, the worker's provider call (fakepsp) and
+// recording, the relay again and the projector.
 func (r *runner) payToPaid(ctx context.Context, maxCreate float64) error {
-	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
-	defer client.CloseIdleConnections()
 	r.idsMu.Lock()
 	ids := slices.Clone(r.ids)
 	r.idsMu.Unlock()
 	if len(ids) == 0 {
 		return errors.New("pay → paid: no orders to pay")
 	}
-	var next atomic.Uint64
-	tr := func(t *vegeta.Target) error {
-		n := next.Add(1)
-		t.Method, t.URL, t.Body = http.MethodPost, r.base+"/v1/orders/"+ids[int(n)%len(ids)]+"/pay", []byte(`{}`)
-		t.Header = r.header(fmt.Sprintf("bench-pay-%d", n))
-		return nil
-	}
-	a := vegeta.NewAttacker(vegeta.Workers(64), vegeta.MaxWorkers(1024), vegeta.KeepAlive(true), vegeta.Timeout(30*time.Second))
 	var mu sync.Mutex
 	var lat []time.Duration
-	var wg sync.WaitGroup
-	accepted, sent, notPaid := 0, 0, 0
+	accepted, notPaid, failed := 0, 0, 0
 	start := time.Now()
-	for res := range a.Attack(tr, vegeta.ConstantPacer{Freq: max(1, int(0.25*maxCreate)), Per: time.Second}, r.cfg.Phase, "pay") {
-		sent++
-		if res.Code != http.StatusAccepted {
-			continue
-		}
-		accepted++
-		var paying struct {
-			ID      string `json:"id"`
-			Version int    `json:"version"`
-		}
-		if err := json.Unmarshal(res.Body, &paying); err != nil || paying.ID == "" {
-			continue
-		}
-		got := res.Timestamp.Add(res.Latency)
-		wg.Go(func() {
-			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/v1/orders/%s?min_version=%d", r.base, paying.ID, paying.Version+1), nil)
-			req.Header = r.header("")
-			req.Header.Set("Prefer", "wait=10")
-			resp, err := client.Do(req)
-			if err != nil {
-				return
-			}
-			var order struct{ Status string }
-			err = json.NewDecoder(resp.Body).Decode(&order)
-			resp.Body.Close()
+	sent := pace(ctx, max(1, 0.25*maxCreate), r.cfg.Phase, func(n int) {
+		var meta client.Meta
+		o, err := r.client.PayOrder(ctx, ids[n%len(ids)], "", client.WithIdempotencyKey(fmt.Sprintf("bench-pay-%d", n)), client.WithMeta(&meta))
+		if err != nil || meta.Status != http.StatusAccepted {
 			mu.Lock()
-			defer mu.Unlock()
-			if err != nil || resp.StatusCode != http.StatusOK || order.Status != "paid" {
-				notPaid++
-				return
-			}
-			lat = append(lat, time.Since(got))
-		})
+			failed++
+			mu.Unlock()
+			return
+		}
+		got := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		paid, err := r.client.WaitForVersion(wctx, o.ID, o.Version+1, client.WithWait(10*time.Second))
+		cancel()
+		mu.Lock()
+		defer mu.Unlock()
+		accepted++
+		if err != nil || paid.Status != "paid" {
+			notPaid++
+			return
+		}
+		lat = append(lat, time.Since(got))
+	})
+	achieved := float64(accepted) / time.Since(start).Seconds()
+	p50, p95, p99 := quantiles(lat)
+	row := Row{Name: "pay → paid (25% of max)", Rate: achieved, P50: p50, P95: p95, P99: p99,
+		Note:   "pay 202 → paid visible on the query side (relay, worker, fakepsp, projector); requests by client/",
+		Target: "p99 < 100 ms", Met: ptr(p99 < 100 && failed == 0 && notPaid == 0 && len(lat) > 0)}
+	if failed > 0 || notPaid > 0 {
+		row.Note += fmt.Sprintf("; %d of %d pays not 202, %d not read back paid", failed, sent, notPaid)
+	}
+	r.add(row)
+	return nil
+}
+
+// pace calls fn(1), fn(2), … each in a goroutine of its own, open loop at
+// rate per second for d (or until ctx ends), waits for them all and
+// returns how many it started.
+func pace(ctx context.Context, rate float64, d time.Duration, fn func(n int)) int {
+	var wg sync.WaitGroup
+	interval := time.Duration(float64(time.Second) / rate)
+	start := time.Now()
+	n := 0
+	for ctx.Err() == nil {
+		next := start.Add(time.Duration(n) * interval)
+		if next.Sub(start) >= d {
+			break
+		}
+		time.Sleep(time.Until(next))
+		n++
+		k := n
+		wg.Go(func() { fn(k) })
 	}
 	wg.Wait()
-	achieved := float64(accepted) / time.Since(start).Seconds()
+	return n
+}
+
+// quantiles sorts lat and returns its p50, p95 and p99 in milliseconds.
+func quantiles(lat []time.Duration) (p50, p95, p99 float64) {
 	slices.Sort(lat)
 	q := func(p float64) float64 {
 		if len(lat) == 0 {
@@ -276,15 +307,7 @@ func (r *runner) payToPaid(ctx context.Context, maxCreate float64) error {
 		}
 		return ms(lat[min(len(lat)-1, int(p*float64(len(lat))))])
 	}
-	p99 := q(0.99)
-	row := Row{Name: "pay → paid (25% of max)", Rate: achieved, P50: q(0.50), P95: q(0.95), P99: p99,
-		Note:   "pay 202 → paid visible on the query side (relay, worker, fakepsp, projector)",
-		Target: "p99 < 100 ms", Met: ptr(p99 < 100 && accepted == sent && notPaid == 0 && len(lat) > 0)}
-	if accepted < sent || notPaid > 0 {
-		row.Note += fmt.Sprintf("; %d of %d pays not 202, %d not read back paid", sent-accepted, sent, notPaid)
-	}
-	r.add(row)
-	return nil
+	return q(0.50), q(0.95), q(0.99)
 }
 
 // consumerIdle reports whether projection name's consumer has nothing
@@ -402,14 +425,22 @@ func (r *runner) readTargeter() vegeta.Targeter {
 }
 
 // attack runs tr closed-loop with `clients` concurrent clients for Phase
-// and measures the successful requests.
+// and measures the successful requests. The closed-loop throughput phases
+// stay on vegeta: client/ sends one call at a time per goroutine and has no
+// targeter to drive vegeta's attacker with, and at saturation the phases
+// measure the server, which no client-side retry should blur.
 func (r *runner) attack(ctx context.Context, name string, clients int, tr vegeta.Targeter) Row {
+	return r.attackFor(ctx, name, clients, tr, r.cfg.Phase)
+}
+
+// attackFor is attack for d.
+func (r *runner) attackFor(ctx context.Context, name string, clients int, tr vegeta.Targeter, d time.Duration) Row {
 	a := vegeta.NewAttacker(vegeta.Workers(uint64(clients)), vegeta.MaxWorkers(uint64(clients)),
 		vegeta.Connections(clients), vegeta.KeepAlive(true), vegeta.Timeout(30*time.Second))
 	var m vegeta.Metrics
-	for res := range a.Attack(tr, vegeta.Rate{Freq: 0}, r.cfg.Phase, name) {
+	for res := range a.Attack(tr, vegeta.Rate{Freq: 0}, d, name) {
 		m.Add(res)
-		if name == "create" && res.Code == http.StatusCreated {
+		if strings.HasPrefix(name, "create") && res.Code == http.StatusCreated {
 			if loc := res.Headers.Get("Location"); loc != "" {
 				r.idsMu.Lock()
 				r.ids = append(r.ids, strings.TrimPrefix(loc, "/v1/orders/"))
@@ -429,61 +460,50 @@ func (r *runner) attack(ctx context.Context, name string, clients int, tr vegeta
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// endToEnd creates orders at a fixed rate and measures, for each 201, the
-// time until the order reads back from the read model (GET ?min_version=1,
-// which the projector's NOTIFY wakes). It does so at 25% of the maximal
-// create rate, then climbs to find the highest rate with p99 under 1 s.
+// endToEnd creates orders at a fixed rate, open loop, each through the
+// client (its retries, one key per logical call), and measures, for each
+// created order, the time until it reads back from the read model (the
+// client's WaitForVersion of version 1, woken by the projector). It does
+// so at 25% of the maximal create rate, then climbs to find the highest
+// rate with p99 under 1 s. A create the api did not answer 201 at the
+// first attempt (shed with 429, say, then retried by the client) counts
+// as failed for the sustained rate.
 func (r *runner) endToEnd(ctx context.Context, maxCreate float64) error {
-	// The reads reuse their connections, as a real reader's client would
-	// (the default keeps two idle connections per host, so most reads would
-	// open a connection of their own).
-	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
-	defer client.CloseIdleConnections()
+	newOrder := client.NewOrder{CustomerID: "c-1", Currency: "EUR", Items: []client.NewItem{{SKU: "sku-1", Quantity: 2, UnitPrice: 1250}}}
 	measure := func(rate float64) (p50, p95, p99, achieved, failed float64) {
-		a := vegeta.NewAttacker(vegeta.Workers(64), vegeta.MaxWorkers(1024), vegeta.KeepAlive(true), vegeta.Timeout(30*time.Second))
 		var mu sync.Mutex
 		var lat []time.Duration
-		var wg sync.WaitGroup
+		created, notFirst := 0, 0
 		start := time.Now()
-		created, sent := 0, 0
-		for res := range a.Attack(r.createTargeter(), vegeta.ConstantPacer{Freq: int(rate), Per: time.Second}, r.cfg.Phase, "e2e") {
-			sent++
-			if res.Code != http.StatusCreated {
-				continue
+		sent := pace(ctx, rate, r.cfg.Phase, func(int) {
+			var meta client.Meta
+			o, err := r.client.CreateOrder(ctx, newOrder, client.WithIdempotencyKey(fmt.Sprintf("bench-%d", r.keys.Add(1))), client.WithMeta(&meta))
+			if err != nil {
+				mu.Lock()
+				notFirst++
+				mu.Unlock()
+				return
 			}
+			got := time.Now()
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err = r.client.WaitForVersion(wctx, o.ID, 1, client.WithWait(10*time.Second))
+			cancel()
+			mu.Lock()
+			defer mu.Unlock()
 			created++
-			got := res.Timestamp.Add(res.Latency)
-			loc := res.Headers.Get("Location")
-			wg.Go(func() {
-				req, _ := http.NewRequest(http.MethodGet, r.base+loc+"?min_version=1", nil)
-				req.Header = r.header("")
-				req.Header.Set("Prefer", "wait=10")
-				resp, err := client.Do(req)
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					mu.Lock()
-					lat = append(lat, time.Since(got))
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
+			if meta.Attempts > 1 {
+				notFirst++
+			}
+			if err == nil {
+				lat = append(lat, time.Since(got))
+			}
+		})
 		achieved = float64(created) / time.Since(start).Seconds()
 		if sent > 0 {
-			failed = 1 - float64(created)/float64(sent)
+			failed = float64(notFirst) / float64(sent)
 		}
-		slices.Sort(lat)
-		q := func(p float64) float64 {
-			if len(lat) == 0 {
-				return 0
-			}
-			return ms(lat[min(len(lat)-1, int(p*float64(len(lat))))])
-		}
-		return q(0.50), q(0.95), q(0.99), achieved, failed
+		p50, p95, p99 = quantiles(lat)
+		return p50, p95, p99, achieved, failed
 	}
 
 	rate := 0.25 * maxCreate
@@ -501,16 +521,17 @@ func (r *runner) endToEnd(ctx context.Context, maxCreate float64) error {
 	for _, f := range []float64{0.35, 0.5, 0.7, 0.85, 1.0} {
 		_, _, p99, got, failed := measure(f * maxCreate)
 		r.notePeaks()
-		r.say("  end to end at %.0f%% of max create (%.0f/s offered, %.0f/s achieved, %.1f%% not created): p99 %.1f ms (peak RSS so far: api %.0f MiB)",
+		r.say("  end to end at %.0f%% of max create (%.0f/s offered, %.0f/s achieved, %.1f%% not created at the first attempt): p99 %.1f ms (peak RSS so far: api %.0f MiB)",
 			100*f, f*maxCreate, got, 100*failed, p99, r.peak["api"])
 		if p99 >= 1000 || failed > 0.01 {
 			break
 		}
 		best = got
 	}
-	ceiling := r.find("create", slices.Max(r.cfg.Clients)).Ceiling
-	r.add(Row{Name: "sustained rate, p99 < 1 s", Rate: best, Ceiling: ceiling, Ratio: best / ceiling,
-		Target: "≥ 35% of ceiling", Met: ptr(best/ceiling >= 0.35)})
+	most := r.find("create", slices.Max(r.cfg.Clients))
+	r.add(Row{Name: "sustained rate, p99 < 1 s", Rate: best, Ceiling: most.Ceiling, Ratio: best / most.Ceiling,
+		OwnCeiling: most.OwnCeiling, OwnRatio: best / most.OwnCeiling,
+		Target: "≥ 0.30 of minimal ceiling", Met: ptr(best/most.Ceiling >= 0.3)})
 	return nil
 }
 
@@ -597,6 +618,14 @@ func (r *runner) drain(ctx context.Context) error {
 		}
 		ceilings[name] = tps * 100
 	}
+	// The minimal ceiling of one projection: an inbox row and a read-model
+	// upsert per event, in batches of the projector's size, as many at
+	// once as a projection's workers.
+	minimalTPS, err := r.pgbench(ctx, "apply-minimal", minimalApplyScript(projection.DefaultBatchSize), projection.DefaultWorkers)
+	if err != nil {
+		return err
+	}
+	minimal := minimalTPS * projection.DefaultBatchSize
 	_, js, done, err := r.s.clients(ctx)
 	if err != nil {
 		return err
@@ -634,9 +663,11 @@ func (r *runner) drain(ctx context.Context) error {
 	}
 	for _, name := range []string{"order_views", "customer_summaries", "daily_sales"} {
 		rate := float64(n) / drained[name].Seconds()
-		r.add(Row{Name: "projector drain " + name, Rate: rate, Ceiling: ceilings[name], Ratio: rate / ceilings[name],
-			Note:   "one projection per projector process, one after another",
-			Target: "≥ 10,000/s and ≥ 60% of ceiling", Met: ptr(rate >= 10000 && rate/ceilings[name] >= 0.6)})
+		r.add(Row{Name: "projector drain " + name, Rate: rate, Ceiling: minimal, Ratio: rate / minimal,
+			OwnCeiling: ceilings[name], OwnRatio: rate / ceilings[name],
+			Note: fmt.Sprintf("one projection per projector process, one after another; minimal ceiling: inbox row + read-model upsert, batches of %d, %d clients",
+				projection.DefaultBatchSize, projection.DefaultWorkers),
+			Target: "≥ 10,000/s and ≥ 0.6 of minimal ceiling", Met: ptr(rate >= 10000 && rate/minimal >= 0.6)})
 	}
 	return nil
 }
@@ -721,8 +752,8 @@ func machine() string {
 // Print writes the table.
 func (rep *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\n%s, %s\n\n", rep.When.Format(time.RFC3339), rep.Machine)
-	fmt.Fprintf(w, "| measurement | clients | per second | p50 ms | p95 ms | p99 ms | ceiling/s | ratio | target | met |\n")
-	fmt.Fprintf(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
+	fmt.Fprintf(w, "| measurement | clients | per second | p50 ms | p95 ms | p99 ms | minimal ceiling/s | ratio | own-SQL ceiling/s | ratio | target | met |\n")
+	fmt.Fprintf(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
 	for _, r := range rep.Rows {
 		met := ""
 		if r.Met != nil {
@@ -738,8 +769,25 @@ func (rep *Report) Print(w io.Writer) {
 		if r.Clients > 0 {
 			clients = fmt.Sprint(r.Clients)
 		}
-		fmt.Fprintf(w, "| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", r.Name, clients, r.Rate,
-			opt(r.P50, "%.1f"), opt(r.P95, "%.1f"), opt(r.P99, "%.1f"), opt(r.Ceiling, "%.0f"), opt(r.Ratio, "%.2f"), r.Target, met)
+		rate := fmt.Sprintf("%.0f", r.Rate)
+		if r.Rate < 10 {
+			rate = fmt.Sprintf("%.1f", r.Rate)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Name, clients, rate,
+			opt(r.P50, "%.1f"), opt(r.P95, "%.1f"), opt(r.P99, "%.1f"), opt(r.Ceiling, "%.0f"), opt(r.Ratio, "%.2f"),
+			opt(r.OwnCeiling, "%.0f"), opt(r.OwnRatio, "%.2f"), r.Target, met)
+	}
+}
+
+// PrintProfiles writes the profiles, in name order.
+func (rep *Report) PrintProfiles(w io.Writer) {
+	names := make([]string, 0, len(rep.Profiles))
+	for name := range rep.Profiles {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fmt.Fprintf(w, "\n### Where the time goes: %s\n\n%s", name, rep.Profiles[name])
 	}
 }
 

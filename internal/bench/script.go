@@ -127,3 +127,100 @@ func bind(sql string, args ...string) string {
 	}
 	return sql
 }
+
+// The minimal ceilings: the least any keyed create, or any projection, must
+// write, on a schema of their own (primary keys only, in schema "ceiling" of
+// the same database), not our statements. The gap between a minimal ceiling
+// and the own-SQL one is the cost of our schema and SQL.
+
+// minimalSchemaSQL creates the minimal ceilings' schema; it is idempotent.
+const minimalSchemaSQL = `
+CREATE SCHEMA IF NOT EXISTS ceiling;
+CREATE TABLE IF NOT EXISTS ceiling.idempotency_keys (
+    tenant_id   text        NOT NULL,
+    key         text        NOT NULL,
+    fingerprint bytea       NOT NULL,
+    status      smallint    NOT NULL,
+    response    bytea       NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (tenant_id, key));
+CREATE TABLE IF NOT EXISTS ceiling.orders (
+    tenant_id   text        NOT NULL,
+    id          uuid        NOT NULL,
+    customer_id text        NOT NULL,
+    status      text        NOT NULL,
+    currency    text        NOT NULL,
+    total       bigint      NOT NULL,
+    version     bigint      NOT NULL,
+    items       jsonb       NOT NULL,
+    created_at  timestamptz NOT NULL,
+    PRIMARY KEY (tenant_id, id));
+CREATE TABLE IF NOT EXISTS ceiling.outbox (
+    id          uuid        PRIMARY KEY,
+    payload     jsonb       NOT NULL);
+CREATE TABLE IF NOT EXISTS ceiling.inbox (
+    projection  text        NOT NULL,
+    event_id    uuid        NOT NULL,
+    PRIMARY KEY (projection, event_id));
+CREATE TABLE IF NOT EXISTS ceiling.order_views (
+    tenant_id   text        NOT NULL,
+    order_id    uuid        NOT NULL,
+    customer_id text        NOT NULL,
+    status      text        NOT NULL,
+    total       bigint      NOT NULL,
+    items       jsonb       NOT NULL,
+    version     bigint      NOT NULL,
+    updated_at  timestamptz NOT NULL,
+    PRIMARY KEY (tenant_id, order_id))`
+
+// Realistic payloads of the minimal create: a created order's items
+// (three lines), the 201 response the key row stores (about 420 bytes, as
+// the api's) and the order.created envelope (about 560 bytes).
+const (
+	minimalItems = `[{"sku":"sku-1","quantity":2,"unit_price":1250,"line_total":2500},` +
+		`{"sku":"sku-2","quantity":1,"unit_price":990,"line_total":990},` +
+		`{"sku":"sku-3","quantity":4,"unit_price":375,"line_total":1500}]`
+	minimalResponse = `'{"id":"' || md5('o' || :n)::uuid || '","customer_id":"c-1","status":"pending","currency":"EUR","items":` +
+		minimalItems + `,"total":4990,"version":1,"created_at":"' || now() || '","updated_at":"' || now() ||
+		'","status_history":[{"status":"pending","at":"' || now() || '"}]}'`
+)
+
+// minimalCreateScript renders, as a pgbench script, the least a keyed
+// create must write in one transaction: the key row (tenant, key, a 32-byte
+// fingerprint, the stored response), the order row (its items as jsonb)
+// and one outbox row with the event's envelope. No statement of ours.
+func minimalCreateScript() string {
+	const (
+		orderID = `md5('o' || :n)::uuid`
+		eventID = `md5('e' || :n)::uuid`
+	)
+	envelope := `jsonb_build_object('id', ` + eventID + `, 'type', 'order.created', 'schema_version', 1, 'tenant_id', 'bench', ` +
+		`'aggregate_id', ` + orderID + `, 'aggregate_version', 1, 'occurred_at', now(), 'trace', '00-' || md5('t' || :n) || '-' || left(md5('s' || :n), 16) || '-01', ` +
+		`'data', jsonb_build_object('customer_id', 'c-1', 'status', 'pending', 'currency', 'EUR', 'total', 4990, 'created_at', now(), 'items', '` + minimalItems + `'::jsonb))`
+	return script([]string{
+		"BEGIN",
+		`INSERT INTO ceiling.idempotency_keys (tenant_id, key, fingerprint, status, response, expires_at) VALUES ` +
+			`('bench', 'pgbench-' || :n, sha256(:n::text::bytea), 201, convert_to(` + minimalResponse + `, 'UTF8'), now() + interval '1 day')`,
+		`INSERT INTO ceiling.orders (tenant_id, id, customer_id, status, currency, total, version, items, created_at) VALUES ` +
+			`('bench', ` + orderID + `, 'c-1', 'pending', 'EUR', 4990, 1, '` + minimalItems + `', now())`,
+		`INSERT INTO ceiling.outbox (id, payload) VALUES (` + eventID + `, ` + envelope + `)`,
+		"COMMIT",
+	})
+}
+
+// minimalApplyScript renders, as a pgbench script, the least one
+// projection must write for a batch of n new events in one transaction:
+// an inbox row per event and an upsert of its read-model row.
+func minimalApplyScript(n int) string {
+	series := fmt.Sprintf("generate_series(1, %d) AS g", n)
+	return script([]string{
+		"BEGIN",
+		`INSERT INTO ceiling.inbox (projection, event_id) SELECT 'order_views', md5('e' || :n || '-' || g)::uuid FROM ` + series +
+			` ON CONFLICT DO NOTHING`,
+		`INSERT INTO ceiling.order_views (tenant_id, order_id, customer_id, status, total, items, version, updated_at) ` +
+			`SELECT 'bench', md5('o' || :n || '-' || g)::uuid, 'c-1', 'pending', 4990, '` + minimalItems + `', 1, now() FROM ` + series +
+			` ON CONFLICT (tenant_id, order_id) DO UPDATE SET status = excluded.status, total = excluded.total, items = excluded.items, ` +
+			`version = excluded.version, updated_at = excluded.updated_at WHERE ceiling.order_views.version < excluded.version`,
+		"COMMIT",
+	})
+}

@@ -1,10 +1,13 @@
 package bench
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/internal/testenv"
 	"github.com/acme/orders/outbox"
@@ -23,6 +26,9 @@ func TestScriptsRunInPgbench(t *testing.T) {
 	scripts := map[string]string{
 		"create": createOrderScript(),
 		"relay":  publishScript(outbox.DefaultBatchSize, outbox.DefaultWorkers),
+		// The minimal ceilings, on their own schema.
+		"create-minimal": minimalCreateScript(),
+		"apply-minimal":  minimalApplyScript(10),
 	}
 	for _, name := range []string{"order_views", "customer_summaries", "daily_sales"} {
 		s, err := applyScript(name, 10)
@@ -34,6 +40,14 @@ func TestScriptsRunInPgbench(t *testing.T) {
 	if _, err := applyScript("no_such_projection", 10); err == nil {
 		t.Fatal("applyScript of an unknown projection: no error")
 	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), minimalSchemaSQL); err != nil {
+		t.Fatalf("create the minimal schema: %v", err)
+	}
 	for name, script := range scripts {
 		file := filepath.Join(t.TempDir(), name+".pgbench")
 		if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
@@ -43,5 +57,18 @@ func TestScriptsRunInPgbench(t *testing.T) {
 		if err != nil {
 			t.Errorf("pgbench %s: %v\n%s\nscript:\n%s", name, err, out, script)
 		}
+	}
+	// The minimal create writes rows of realistic size: a stored response
+	// and an envelope of several hundred bytes; the minimal apply a batch.
+	var response, envelope, inbox, views int
+	if err := conn.QueryRow(context.Background(), `SELECT
+	    (SELECT min(length(response)) FROM ceiling.idempotency_keys),
+	    (SELECT min(length(payload::text)) FROM ceiling.outbox),
+	    (SELECT count(*) FROM ceiling.inbox), (SELECT count(*) FROM ceiling.order_views)`).Scan(&response, &envelope, &inbox, &views); err != nil {
+		t.Fatal(err)
+	}
+	if response < 400 || envelope < 500 || inbox != 10 || views != 10 {
+		t.Errorf("minimal rows: response %d bytes, envelope %d bytes (want ≥ 400, ≥ 500); inbox %d, views %d rows (want 10 each)",
+			response, envelope, inbox, views)
 	}
 }

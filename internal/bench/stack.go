@@ -111,11 +111,13 @@ func (s *stack) startProcess(bin string, env ...string) (*exec.Cmd, error) {
 	return cmd, cmd.Start()
 }
 
-func (s *stack) startAPI() (err error) {
+// startAPI starts the api with env added to its environment (RELAY=false
+// for an api without its relay).
+func (s *stack) startAPI(env ...string) (err error) {
 	// One tenant drives the whole api: its per-tenant limits step aside
 	// (the rate effectively off, in flight one below the global limit).
-	s.api, err = s.startProcess("api", fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", s.apiPort),
-		"TENANT_RATE=1000000", "TENANT_BURST=1000000", "TENANT_MAX_IN_FLIGHT=511", "TENANT_MAX_WAITING=511")
+	s.api, err = s.startProcess("api", append([]string{fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", s.apiPort),
+		"TENANT_RATE=1000000", "TENANT_BURST=1000000", "TENANT_MAX_IN_FLIGHT=511", "TENANT_MAX_WAITING=511"}, env...)...)
 	return err
 }
 

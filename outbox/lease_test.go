@@ -1,0 +1,44 @@
+package outbox
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/postgres"
+)
+
+// The relay's lease connection plans each statement for its arguments
+// (plan_cache_mode force_custom_plan): its claim and mark are the
+// statements whose generic plans, made while the outbox was nearly empty,
+// turned into scans of the whole outbox. The pool's other connections keep
+// PostgreSQL's default (auto), which plans a repeated statement once.
+func TestLeaseConnectionPlansPerStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	pool, err := postgres.Open(ctx, testenv.DatabaseURL(t), 4, 10*time.Second, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	w := &worker{r: &Relay{db: pool, logger: logger, cfg: Config{TakeoverInterval: time.Second}}, logger: logger, maxPartitions: Partitions}
+	t.Cleanup(w.release)
+	conn, _, err := w.lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lease, other string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&lease); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&other); err != nil {
+		t.Fatal(err)
+	}
+	if lease != "force_custom_plan" || other != "auto" {
+		t.Errorf("plan_cache_mode: lease connection %s, pool %s; want force_custom_plan and auto", lease, other)
+	}
+}

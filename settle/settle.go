@@ -100,6 +100,11 @@ type Config struct {
 	// intent there, neither recorded nor acked, as if the process had died
 	// (tests use it to crash in that window).
 	AfterProviderCall func(ctx context.Context, consumer string, eventID uuid.UUID) error
+	// AfterRecord, when set, is called after each outcome's transaction
+	// committed (its outbox event with it), outside it: the worker process
+	// wakes the relays with it (a coalesced NOTIFY, postgres.Notifier). It
+	// must not block.
+	AfterRecord func()
 }
 
 // Validate reports the first invalid field of c (after defaults), naming it.

@@ -11,7 +11,7 @@ import (
 )
 
 // DefaultWaitPollInterval is ChangesConfig.PollInterval by default.
-const DefaultWaitPollInterval = 250 * time.Millisecond
+const DefaultWaitPollInterval = time.Second
 
 // ChangesConfig configures a Changes.
 type ChangesConfig struct {

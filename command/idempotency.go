@@ -107,6 +107,7 @@ type Idempotency struct {
 	ttl         time.Duration
 	quota       *keyQuota
 	waitSeconds Observer // nil: not observed
+	afterCommit func()   // nil: none
 
 	created, replays, mismatches, waits, waitTimeouts atomic.Int64
 }
@@ -164,6 +165,11 @@ type IdempotencyConfig struct {
 	// in-flight request with its key waited, in seconds (those that timed
 	// out included).
 	WaitSeconds Observer
+	// AfterCommit, if set, is called after every transaction that executed
+	// a command and committed (not after a replay or a rollback), outside
+	// it: the api wakes its outbox relay with it, so that no NOTIFY runs
+	// inside the write transaction. It must not block.
+	AfterCommit func()
 }
 
 // Observer takes one observation, such as a prometheus.Histogram.
@@ -196,7 +202,8 @@ func NewIdempotency(db postgres.DB, cfg IdempotencyConfig) (*Idempotency, error)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Idempotency{db: db, ttl: cfg.TTL, quota: newKeyQuota(db, cfg.KeyQuota, cfg.KeyQuotaRefresh), waitSeconds: cfg.WaitSeconds}, nil
+	return &Idempotency{db: db, ttl: cfg.TTL, quota: newKeyQuota(db, cfg.KeyQuota, cfg.KeyQuotaRefresh), waitSeconds: cfg.WaitSeconds,
+		afterCommit: cfg.AfterCommit}, nil
 }
 
 // Do executes exec once for req, in one transaction with the key row, and
@@ -309,6 +316,9 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 		err = nil
 	}
 	keyStored = outcome&outcomeCreated != 0 && err == nil
+	if keyStored && s.afterCommit != nil {
+		s.afterCommit()
+	}
 	s.count(outcome, err)
 	if err != nil {
 		return Result{}, err

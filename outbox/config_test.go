@@ -33,6 +33,8 @@ func TestNewRelayValidatesConfig(t *testing.T) {
 		{outbox.Config{Retention: -time.Second}, "Retention"},
 		{outbox.Config{StreamReplicas: 6}, "StreamReplicas"},
 		{outbox.Config{DuplicateWindow: -time.Second}, "DuplicateWindow"},
+		{outbox.Config{Linger: -time.Millisecond}, "Linger"},
+		{outbox.Config{Linger: 2 * time.Second}, "Linger"},
 	} {
 		_, err := outbox.NewRelay(nil, nil, logger, tc.cfg)
 		switch {

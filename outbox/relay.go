@@ -56,6 +56,7 @@ const Partitions = 16
 const (
 	DefaultBatchSize        = 500
 	DefaultPollInterval     = time.Second
+	DefaultLinger           = 3 * time.Millisecond
 	DefaultAckTimeout       = 10 * time.Second
 	DefaultMaxPartitions    = Partitions
 	DefaultWorkers          = 2
@@ -71,9 +72,18 @@ type Config struct {
 	// BatchSize is the rows per claim, 1 to MaxBatchSize; default
 	// DefaultBatchSize.
 	BatchSize int
-	// PollInterval is the fallback when no NOTIFY arrives; default
-	// DefaultPollInterval.
+	// PollInterval is the fallback when no wake-up arrives (Wake, or a
+	// NOTIFY outbox from another process): a lost wake-up delays events by
+	// at most this much; default DefaultPollInterval.
 	PollInterval time.Duration
+	// Linger is how long a worker woken while the outbox is busy waits
+	// before it claims, so that what commits meanwhile goes out in the same
+	// batch and JetStream (sync_interval: always) syncs once for all of it.
+	// Busy: its previous claim found rows, fewer than a full batch, and
+	// ended less than 20 × Linger ago. After a full batch it claims again at
+	// once; after an idle spell, or on a poll, it does not linger. Default
+	// DefaultLinger; at most a second.
+	Linger time.Duration
 	// AckTimeout bounds the wait for all PubAcks of a batch; default
 	// DefaultAckTimeout.
 	AckTimeout time.Duration
@@ -130,6 +140,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.TakeoverInterval == 0 {
 		c.TakeoverInterval = DefaultTakeoverInterval
 	}
+	if c.Linger == 0 {
+		c.Linger = DefaultLinger
+	}
 	if c.StreamReplicas == 0 {
 		c.StreamReplicas = DefaultStreamReplicas
 	}
@@ -144,6 +157,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("outbox relay: MaxPartitions must be 1 to %d, got %d", Partitions, c.MaxPartitions)
 	case c.Workers < 1 || c.Workers > c.MaxPartitions:
 		return c, fmt.Errorf("outbox relay: Workers must be 1 to MaxPartitions (%d), got %d", c.MaxPartitions, c.Workers)
+	case c.Linger < 0 || c.Linger > time.Second:
+		return c, fmt.Errorf("outbox relay: Linger must be 0 to 1s, got %s", c.Linger)
 	case c.TakeoverInterval < 0:
 		return c, fmt.Errorf("outbox relay: TakeoverInterval must not be negative, got %s", c.TakeoverInterval)
 	case c.Retention < 0:
@@ -185,6 +200,7 @@ type worker struct {
 	owned      []int16
 	lastTake   time.Time
 	ownedCount atomic.Int64
+	lingers    atomic.Int64
 }
 
 // NewRelay returns a relay from db to the stream on js. It returns an error
@@ -218,23 +234,27 @@ type Stats struct {
 	Fallbacks     int64
 	Pruned        int64 // published rows deleted after the retention
 	Partitions    int64 // partitions owned now
+	Lingers       int64 // wake-ups a worker lingered after (Config.Linger)
 }
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() Stats {
-	var owned int64
+	var owned, lingers int64
 	for _, w := range r.workers {
 		owned += w.ownedCount.Load()
+		lingers += w.lingers.Load()
 	}
 	return Stats{
 		Published: r.published.Load(), Duplicates: r.duplicates.Load(), Pruned: r.pruned.Load(), Partitions: owned,
-		AtomicBatches: r.atomicBatches.Load(), Fallbacks: r.fallbacks.Load(),
+		AtomicBatches: r.atomicBatches.Load(), Fallbacks: r.fallbacks.Load(), Lingers: lingers,
 	}
 }
 
 // Run relays until ctx ends. It ensures the stream exists first (retrying
 // while NATS is unreachable), then runs the workers and one listener they
-// share, which wakes them on NOTIFY outbox; they poll as a fallback.
+// share, which wakes them on NOTIFY outbox (sent after their commits by
+// writers in other processes, postgres.Notifier); writers in this process
+// call Wake. The workers poll as a fallback.
 // Failures are logged and retried with a backoff. Run returns only when ctx
 // ends, after every goroutine it started has ended and every connection it
 // took outside the pool is closed (so the partitions are released).
@@ -270,6 +290,7 @@ func (w *worker) run(ctx context.Context, prunes bool) {
 	r := w.r
 	backoff := 100 * time.Millisecond
 	lastPrune := time.Time{}
+	var lastFound time.Time // when a claim that found rows ended
 	for ctx.Err() == nil {
 		if prunes && r.cfg.Retention > 0 && time.Since(lastPrune) > time.Minute {
 			lastPrune = time.Now()
@@ -285,12 +306,23 @@ func (w *worker) run(ctx context.Context, prunes bool) {
 			backoff = min(2*backoff, 10*time.Second)
 			continue
 		case n == r.cfg.BatchSize:
+			lastFound = time.Now()
 			continue // more is waiting
+		case n > 0:
+			lastFound = time.Now()
 		}
 		backoff = 100 * time.Millisecond
 		select {
 		case <-ctx.Done():
 		case <-w.wake:
+			if time.Since(lastFound) < 20*r.cfg.Linger {
+				w.lingers.Add(1)
+				sleep(ctx, r.cfg.Linger) // busy: let more commit into this batch
+				select {
+				case <-w.wake: // the claim below covers what woke it meanwhile
+				default:
+				}
+			}
 		case <-time.After(r.cfg.PollInterval):
 		}
 	}

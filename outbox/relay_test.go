@@ -176,7 +176,7 @@ func newPipeline(t *testing.T, settings stream.Settings) (*pgxpool.Pool, jetstre
 	return db, js, s
 }
 
-func createOrders(t *testing.T, db *pgxpool.Pool, n int, prefix string) {
+func createOrders(t testing.TB, db *pgxpool.Pool, n int, prefix string) {
 	t.Helper()
 	ctx := context.Background()
 	create := command.NewCreateOrderHandler()

@@ -31,6 +31,10 @@ const (
 	MetadataIdempotencyKey = "idempotency_key"
 )
 
+// maxIdleConnsPerHost is the idle connections the default client keeps to
+// the provider: more than a worker's concurrent calls.
+const maxIdleConnsPerHost = 512
+
 // Config configures a Stripe adapter.
 type Config struct {
 	// BaseURL is the API's base URL, without /v1 (DefaultBaseURL when empty),
@@ -84,7 +88,11 @@ func NewStripe(cfg Config) (*Stripe, error) {
 		return nil, fmt.Errorf("payment: Config.MaxNetworkRetries must be -1 to 10, got %d", cfg.MaxNetworkRetries)
 	}
 	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = &http.Client{Timeout: cfg.Timeout}
+		// Keep a connection per concurrent call: the default transport
+		// keeps 2 per host and would open (and close) one per call beyond.
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = maxIdleConnsPerHost
+		cfg.HTTPClient = &http.Client{Timeout: cfg.Timeout, Transport: t}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -3,7 +3,6 @@ package projection
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -73,15 +72,37 @@ VALUES ($1, $2, now())
 ON CONFLICT (projection) DO UPDATE
 SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq), updated_at = now()`
 
-	// NotifyAppliedSQL wakes the readers waiting to read their own writes
-	// of these orders (query.Changes): the payload is the projection and the
-	// order ids.
+	// NotifyAppliedSQL wakes every reader waiting to read its own writes
+	// of projection $1 (query.Changes): a rebuild's swap sends it. Batches
+	// do not: Config.Applied names their orders after the commit.
 	NotifyAppliedSQL = `SELECT pg_notify('projection_applied', $1)`
 )
 
-// commit applies events in one transaction of their own.
+// commit applies events in one transaction of their own and, after it
+// committed, reports the orders it applied to Config.Applied.
 func (r *Runner) commit(ctx context.Context, events []*event) error {
-	return postgres.InTx(ctx, r.db, func(tx pgx.Tx) error { return r.commitTx(ctx, tx, events) })
+	if err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error { return r.commitTx(ctx, tx, events) }); err != nil {
+		return err
+	}
+	r.reportApplied(events)
+	return nil
+}
+
+// reportApplied calls Config.Applied with the aggregates of the events that
+// a committed transaction applied, if any.
+func (r *Runner) reportApplied(events []*event) {
+	if r.cfg.Applied == nil {
+		return
+	}
+	var aggs []uuid.UUID
+	for _, e := range events { // sorted by aggregate
+		if e.outcome == Applied && (len(aggs) == 0 || aggs[len(aggs)-1] != e.env.AggregateID) {
+			aggs = append(aggs, e.env.AggregateID)
+		}
+	}
+	if len(aggs) > 0 {
+		r.cfg.Applied(r.proj.Name(), aggs)
+	}
 }
 
 // commitTx applies the well-formed events in tx:
@@ -92,8 +113,10 @@ func (r *Runner) commit(ctx context.Context, events []*event) error {
 //     dead_letters if the aggregate has an open dead letter);
 //  2. record applied and stale events in the inbox; one already there is a
 //     duplicate and is not applied again;
-//  3. apply the new events, advance the positions and the checkpoint, and
-//     notify waiting readers.
+//  3. apply the new events, advance the positions and the checkpoint.
+//
+// It sends no NOTIFY: that would serialise every commit in the cluster.
+// The caller reports the applied orders once tx committed (reportApplied).
 //
 // It sets each event's outcome; a retried transaction starts afresh.
 func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error {
@@ -184,9 +207,6 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 			return fmt.Errorf("apply %d events: %w", len(apply), err)
 		}
 		b.Queue(PositionsAdvanceSQL, name, tenants, aggs, versions)
-		for _, payload := range appliedPayloads(name, aggs) {
-			b.Queue(NotifyAppliedSQL, payload)
-		}
 	}
 	if maxSeq > 0 {
 		b.Queue(CheckpointAdvanceSQL, name, int64(maxSeq))
@@ -286,22 +306,4 @@ func idSet(rows pgx.Rows, err error) (map[uuid.UUID]bool, error) {
 		return nil
 	})
 	return set, err
-}
-
-// appliedPayloads renders the NOTIFY payloads that name the orders a batch
-// applied: "projection:id,id,…", chunked under PostgreSQL's 8,000-byte
-// payload limit.
-func appliedPayloads(name string, aggs []uuid.UUID) []string {
-	const perPayload = 150 // 150 × 37 bytes + the name < 8,000
-	var out []string
-	for len(aggs) > 0 {
-		n := min(perPayload, len(aggs))
-		ids := make([]string, n)
-		for i, id := range aggs[:n] {
-			ids[i] = id.String()
-		}
-		out = append(out, name+":"+strings.Join(ids, ","))
-		aggs = aggs[n:]
-	}
-	return out
 }

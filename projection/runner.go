@@ -24,6 +24,7 @@ import (
 // Defaults of Config, taken for zero values.
 const (
 	DefaultBatchSize  = 250
+	DefaultBatchWait  = 3 * time.Millisecond
 	DefaultWorkers    = 2
 	DefaultAckWait    = 30 * time.Second
 	DefaultMaxDeliver = 10
@@ -51,10 +52,12 @@ type Config struct {
 	// another; default DefaultWorkers. Like workers in other processes, they
 	// share the consumer, and the version gate keeps them exact.
 	Workers int
-	// BatchWait is how long a batch waits, after its first event, for more
-	// to fill it; default 0: a batch is whatever is buffered already, for the
-	// lowest latency. A few milliseconds buy bigger batches under a steady
-	// trickle of events.
+	// BatchWait is how long a batch lingers, after its first event, for
+	// more to fill it while the stream is busy: when this worker's previous
+	// batch ended less than 20 × BatchWait before. Busy, a few milliseconds
+	// buy bigger batches (fewer transactions) under a steady stream; idle, a
+	// batch is whatever is buffered already, for the lowest latency; full,
+	// it goes at once. Default DefaultBatchWait; negative: never linger.
 	BatchWait time.Duration
 	// AckWait is how long JetStream waits for an ack before it redelivers
 	// (after a worker died mid-batch); default DefaultAckWait. A batch that
@@ -92,6 +95,13 @@ type Config struct {
 	// RedriveInterval is how often the runner re-drives parked events that
 	// no open dead letter holds back; default DefaultRedriveInterval.
 	RedriveInterval time.Duration
+	// Applied, if set, is called after each batch transaction committed,
+	// outside it, with the projection's name and the orders (aggregates)
+	// it applied: the projector sends the read-your-writes wake-up with it
+	// (a coalesced NOTIFY projection_applied, postgres.Notifier). It must
+	// not block. Events applied by a re-drive or a dead-letter retry are
+	// not reported; their readers' poll fallback finds them.
+	Applied func(projection string, orders []uuid.UUID)
 	// Observers, if set, is called once per runner with its projection's
 	// name and returns where the runner reports its batches and the events
 	// it applies (for metrics).
@@ -117,6 +127,9 @@ type Observer interface{ Observe(float64) }
 func (c Config) withDefaults() Config {
 	if c.BatchSize <= 0 {
 		c.BatchSize = DefaultBatchSize
+	}
+	if c.BatchWait == 0 {
+		c.BatchWait = DefaultBatchWait
 	}
 	if c.AckWait <= 0 {
 		c.AckWait = DefaultAckWait
@@ -176,6 +189,7 @@ type Runner struct {
 
 	stats    [outcomeCount]atomic.Int64 // per Outcome
 	deferred atomic.Int64               // delayed events parked past their tenant's share
+	lingers  atomic.Int64               // batches that lingered (BatchWait)
 	window   *delayedWindow
 	obs      Observers
 }
@@ -206,6 +220,8 @@ type Stats struct {
 	// tenant held its share of the consumer's window; the runner re-drives
 	// them from dead_letters.
 	Deferred int64
+	// Lingers counts batches that waited BatchWait for more events.
+	Lingers int64
 }
 
 // Stats returns the runner's counters.
@@ -219,6 +235,7 @@ func (r *Runner) Stats() Stats {
 		Parked:       r.stats[Parked].Load(),
 		DeadLettered: r.stats[DeadLettered].Load(),
 		Deferred:     r.deferred.Load(),
+		Lingers:      r.lingers.Load(),
 	}
 }
 
@@ -299,15 +316,20 @@ func (r *Runner) Run(ctx context.Context) error {
 	wg.Go(func() { r.redriveLoop(ctx) })
 	for range r.cfg.Workers {
 		wg.Go(func() {
+			var lastEnd time.Time // of this worker's previous batch
 			for {
-				batch := collect(ctx, msgs, r.cfg.BatchSize, r.cfg.BatchWait)
+				batch, lingered := collect(ctx, msgs, r.cfg.BatchSize, r.cfg.BatchWait, lastEnd)
 				if batch == nil {
 					return
+				}
+				if lingered {
+					r.lingers.Add(1)
 				}
 				// The batch in hand is finished even if shutdown has begun.
 				bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.AckWait)
 				r.Process(bctx, batch)
 				cancel()
+				lastEnd = time.Now()
 			}
 		})
 	}
@@ -316,17 +338,20 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // collect blocks for one message, then takes whatever else is already
-// buffered, or arrives within wait, up to max. It returns nil when ctx ends.
-func collect(ctx context.Context, msgs <-chan jetstream.Msg, max int, wait time.Duration) []jetstream.Msg {
-	var batch []jetstream.Msg
+// buffered, up to max; and, when the stream is busy (the previous batch
+// ended, at lastEnd, less than 20 × wait before the first message came),
+// what arrives within wait too (lingered is true then). It returns nil when
+// ctx ends.
+func collect(ctx context.Context, msgs <-chan jetstream.Msg, max int, wait time.Duration, lastEnd time.Time) (batch []jetstream.Msg, lingered bool) {
 	select {
 	case <-ctx.Done():
-		return nil
+		return nil, false
 	case m := <-msgs:
 		batch = append(batch, m)
 	}
 	var deadline <-chan time.Time
-	if wait > 0 {
+	if wait > 0 && time.Since(lastEnd) < 20*wait {
+		lingered = true
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		deadline = t.C
@@ -339,18 +364,18 @@ func collect(ctx context.Context, msgs <-chan jetstream.Msg, max int, wait time.
 		default:
 		}
 		if deadline == nil {
-			return batch
+			return batch, lingered
 		}
 		select {
 		case m := <-msgs:
 			batch = append(batch, m)
 		case <-deadline:
-			return batch
+			return batch, lingered
 		case <-ctx.Done():
-			return batch
+			return batch, lingered
 		}
 	}
-	return batch
+	return batch, lingered
 }
 
 // event is one delivered (or stored) event on its way through a batch.

@@ -10,12 +10,26 @@ import (
 	"github.com/google/uuid"
 )
 
+// DefaultWaitPollInterval is ChangesConfig.PollInterval by default.
+const DefaultWaitPollInterval = time.Second
+
+// ChangesConfig configures a Changes.
+type ChangesConfig struct {
+	// PollInterval is how often a waiting reader reads again without a
+	// wake-up: a lost notification delays it by at most this much; default
+	// DefaultWaitPollInterval.
+	PollInterval time.Duration
+}
+
 // Changes tells waiting readers that a projection applied events of their
-// order. The projector sends NOTIFY projection_applied, naming the orders,
-// in every transaction that changed a read model; the api LISTENs
-// (postgres.Listen) and calls Notify, which wakes only the readers of those
-// orders. No polling, and no herd: a reader wakes only when its order moved.
+// order. After each batch commits, the projector sends a coalesced NOTIFY
+// projection_applied naming the orders (postgres.Notifier, outside the
+// transaction); the api LISTENs (postgres.Listen) and calls Notify, which
+// wakes only the readers of those orders. No herd: a reader wakes when its
+// order moved, or, as a fallback for a lost notification, every
+// PollInterval.
 type Changes struct {
+	poll    time.Duration
 	mu      sync.Mutex
 	waiters map[uuid.UUID]*waiter
 }
@@ -26,8 +40,23 @@ type waiter struct {
 	readers int
 }
 
-// NewChanges returns a Changes with no waiters.
-func NewChanges() *Changes { return &Changes{waiters: map[uuid.UUID]*waiter{}} }
+// NewChanges returns a Changes with no waiters and the default
+// configuration.
+func NewChanges() *Changes {
+	return &Changes{poll: DefaultWaitPollInterval, waiters: map[uuid.UUID]*waiter{}}
+}
+
+// NewChangesConfig returns a Changes configured by cfg, or an error naming
+// the field that is invalid.
+func NewChangesConfig(cfg ChangesConfig) (*Changes, error) {
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = DefaultWaitPollInterval
+	}
+	if cfg.PollInterval < 0 {
+		return nil, fmt.Errorf("changes config: PollInterval must not be negative, got %s", cfg.PollInterval)
+	}
+	return &Changes{poll: cfg.PollInterval, waiters: map[uuid.UUID]*waiter{}}, nil
+}
 
 // Notify handles one payload: "projection:id,id,…" wakes the readers of
 // those orders; anything else (such as "" after a reconnect) wakes every
@@ -89,8 +118,9 @@ func (e *BehindError) Error() string {
 
 // awaitVersion calls read until it reports a version of order id of at
 // least min, or returns a *BehindError after wait. With min ≤ 0 it reads
-// once. Each retry waits for a Notify naming the order, so an idle system,
-// and other orders' traffic, cost it nothing.
+// once. Each retry waits for a Notify naming the order, so other orders'
+// traffic costs it nothing; or for the poll interval, so a lost
+// notification delays it by at most that.
 func awaitVersion(ctx context.Context, changes *Changes, id uuid.UUID, min int64, wait time.Duration, read func() (int64, error)) error {
 	if min <= 0 || changes == nil {
 		_, err := read()
@@ -98,6 +128,8 @@ func awaitVersion(ctx context.Context, changes *Changes, id uuid.UUID, min int64
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	poll := time.NewTicker(changes.poll)
+	defer poll.Stop()
 	for {
 		changed, release := changes.Changed(id) // before reading, so no Notify is missed
 		have, err := read()
@@ -107,6 +139,8 @@ func awaitVersion(ctx context.Context, changes *Changes, id uuid.UUID, min int64
 		}
 		select {
 		case <-changed:
+			release()
+		case <-poll.C:
 			release()
 		case <-timer.C:
 			release()

@@ -1,6 +1,7 @@
 package query
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -36,5 +37,26 @@ func TestChangesWakesOnlyTheNamedOrders(t *testing.T) {
 	release()
 	if len(c.waiters) != 0 {
 		t.Fatalf("%d waiter entries outlive their readers", len(c.waiters))
+	}
+}
+
+// A reader whose notification is lost still answers once the row is there:
+// it reads again every PollInterval.
+func TestAwaitVersionWithoutNotificationPolls(t *testing.T) {
+	t.Parallel()
+	c, err := NewChangesConfig(ChangesConfig{PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads := 0
+	err = awaitVersion(context.Background(), c, uuid.New(), 2, 10*time.Second, func() (int64, error) {
+		reads++
+		if reads < 3 {
+			return 1, nil
+		}
+		return 2, nil // the projector applied it; its NOTIFY was lost
+	})
+	if err != nil || reads != 3 {
+		t.Fatalf("awaitVersion = %v after %d reads; want nil after 3", err, reads)
 	}
 }

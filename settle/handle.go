@@ -138,6 +138,7 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 	if err != nil {
 		return recordResult(fmt.Errorf("record charge %s (%s): %w", req.PaymentKey, ch.ID, err))
 	}
+	w.afterRecord()
 	w.stats.charged(out.Succeeded)
 	return result{verdict: done}
 }
@@ -170,6 +171,14 @@ func (w *Worker) refund(ctx context.Context, env domain.Envelope) result {
 	if err != nil {
 		return recordResult(fmt.Errorf("record refund %s (%s): %w", req.RefundKey, rf.ID, err))
 	}
+	w.afterRecord()
 	w.stats.refunded(out.Succeeded)
 	return result{verdict: done}
+}
+
+// afterRecord calls Config.AfterRecord, if set.
+func (w *Worker) afterRecord() {
+	if w.cfg.AfterRecord != nil {
+		w.cfg.AfterRecord()
+	}
 }

@@ -37,6 +37,11 @@ func main() {
 // DefaultAddr is where the fake listens (stripe-mock's port).
 const DefaultAddr = "127.0.0.1:12111"
 
+// poolSize is the fake's PostgreSQL connections: a charge holds one for its
+// whole keyed transaction (six round trips), and at 10 the fake capped the
+// bench's pay → paid near 200/s while the worker settles 32 at once.
+const poolSize = 32
+
 // run is the whole program; tests call it with their own arguments,
 // environment and output. It returns when ctx ends, after a graceful
 // shutdown.
@@ -82,7 +87,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	pool, err := postgres.Open(ctx, dbURL, 10, 0, logger)
+	pool, err := postgres.Open(ctx, dbURL, poolSize, 0, logger)
 	if err != nil {
 		return err
 	}

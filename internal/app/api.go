@@ -251,8 +251,14 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	keyWait := prometheus.NewHistogram(metrics.HistogramOpts("idempotency_wait_seconds",
 		"how long requests held up by an in-flight request with their key waited (those answered 409 included)", metrics.LatencyBuckets))
 	reg.MustRegister(keyWait)
+	// After a command commits, its events wake the relay: the one in this
+	// process directly (set below, before the server starts), else the
+	// standalone relays by a coalesced NOTIFY outbox, never a NOTIFY inside
+	// the write transaction.
+	var wakeRelay func()
 	idem, err := command.NewIdempotency(pool, command.IdempotencyConfig{
 		TTL: cfg.keyTTL, KeyQuota: cfg.keyQuota, KeyQuotaRefresh: cfg.keyQuotaRefresh, WaitSeconds: keyWait,
+		AfterCommit: func() { wakeRelay() },
 	})
 	if err != nil {
 		return err
@@ -315,10 +321,19 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 			counter("relay_pruned_total", "published outbox rows pruned after the retention", sum(func(s outbox.Stats) int64 { return s.Pruned })),
 			metrics.Metric{Name: "relay_partitions_owned", Help: "outbox partitions this process's relay publishes",
 				Read: metrics.One(sum(func(s outbox.Stats) int64 { return s.Partitions }))})
+		wakeRelay = relay.Wake
 		wg.Go(func() { relay.Run(bgCtx) })
+	} else {
+		notifier, err := postgres.NewNotifier(pool, logger.With("component", "notifier"), postgres.NotifierConfig{Channel: "outbox"})
+		if err != nil {
+			return err
+		}
+		wakeRelay = notifier.Notify
+		wg.Go(func() { notifier.Run(bgCtx) })
 	}
 
-	// Read-your-writes: the projector NOTIFYs when it applied something.
+	// Read-your-writes: the projector NOTIFYs (after its batches commit,
+	// coalesced) which orders it applied; waiting readers also poll.
 	changes := query.NewChanges()
 	wg.Go(func() { postgres.Listen(bgCtx, pool, "projection_applied", logger, changes.Notify) })
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/acme/orders/health"
 	"github.com/acme/orders/metrics"
+	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/projection"
 	"github.com/acme/orders/settle"
 	"github.com/acme/orders/stream"
@@ -55,6 +57,7 @@ type projectorConfig struct {
 	logFormat, logLevel            string
 	runner                         projection.Config
 	inbox                          projection.InboxPruneConfig
+	notify                         postgres.NotifierConfig
 	poolSize                       int
 	all                            bool // dead-letters list -all
 }
@@ -96,7 +99,8 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	httpAddr := env.String(fs, "http-addr", "PROJECTOR_HTTP_ADDR", defaultAddr, "address to serve /healthz, /readyz and /metrics on, else $HTTP_ADDR")
 	batchSize := env.Int(fs, "batch-size", "PROJECTOR_BATCH_SIZE", projection.DefaultBatchSize, "most events applied in one transaction")
 	workers := env.Int(fs, "workers", "PROJECTOR_WORKERS", projection.DefaultWorkers, "batches each projection applies at once in this process")
-	batchWait := env.Duration(fs, "batch-wait", "PROJECTOR_BATCH_WAIT", 0, "wait this long after a batch's first event for more (0: take what is buffered)")
+	batchWait := env.Duration(fs, "batch-wait", "PROJECTOR_BATCH_WAIT", projection.DefaultBatchWait, "while the stream is busy, wait this long after a batch's first event for more (idle: take what is buffered; negative: never wait)")
+	notifyInterval := env.Duration(fs, "notify-interval", "NOTIFY_INTERVAL", postgres.DefaultNotifyInterval, "shortest time between two read-your-writes notifications (NOTIFY projection_applied, sent after commits, coalesced)")
 	ackWait := env.Duration(fs, "ack-wait", "PROJECTOR_ACK_WAIT", projection.DefaultAckWait, "redeliver an event after this long without an ack")
 	maxDeliver := env.Int(fs, "max-deliver", "PROJECTOR_MAX_DELIVER", projection.DefaultMaxDeliver, "dead-letter an event after this many deliveries")
 	maxAckPending := env.Int(fs, "max-ack-pending", "PROJECTOR_MAX_ACK_PENDING", 0,
@@ -144,7 +148,8 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 		logFormat: *logFormat, logLevel: *logLevel, poolSize: *poolSize, all: *all,
 		runner: projection.Config{BatchSize: *batchSize, Workers: *workers, BatchWait: *batchWait, AckWait: *ackWait, MaxDeliver: *maxDeliver,
 			StreamReplicas: *replicas, MaxAckPending: *maxAckPending, TenantShare: float64(*tenantShare) / 100},
-		inbox: projection.InboxPruneConfig{Retention: *inboxRetention, Interval: *inboxPruneInterval},
+		inbox:  projection.InboxPruneConfig{Retention: *inboxRetention, Interval: *inboxPruneInterval},
+		notify: postgres.NotifierConfig{Channel: "projection_applied", Interval: *notifyInterval},
 	}
 	if err := cfg.runner.Validate(); err != nil {
 		return err
@@ -226,6 +231,19 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	// and checkpoint; a process keeps all of them, or those it is told to.
 	reg := metrics.NewRegistry()
 	cfg.runner.Observers = runnerObservers(reg)
+	// Read-your-writes: each batch's orders, after its commit, in one
+	// coalesced NOTIFY per interval (never inside the batch transaction).
+	notifier, err := postgres.NewNotifier(pool, logger.With("component", "notifier"), cfg.notify)
+	if err != nil {
+		return fmt.Errorf("-notify-interval: %w", err)
+	}
+	cfg.runner.Applied = func(projection string, orders []uuid.UUID) {
+		ids := make([]string, len(orders))
+		for i, id := range orders {
+			ids[i] = id.String()
+		}
+		notifier.NotifyIDs(projection, ids)
+	}
 	var runners []*projection.Runner
 	for _, p := range projections() {
 		if *only == "" || slices.Contains(strings.Split(*only, ","), p.Name()) {
@@ -253,7 +271,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if err := metrics.Register(reg, projectorMetrics(ctx, runners, pruner, pool, logger)...); err != nil {
 		return err
 	}
-	return serveProjector(ctx, cfg, pool, nc, runners, pruner, reg, logger)
+	return serveProjector(ctx, cfg, pool, nc, runners, pruner, notifier, reg, logger)
 }
 
 // runnerObservers registers the runners' histograms on reg and returns
@@ -273,7 +291,14 @@ func runnerObservers(reg prometheus.Registerer) func(string) projection.Observer
 }
 
 func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool, nc *nats.Conn, runners []*projection.Runner,
-	pruner *projection.InboxPruner, reg *prometheus.Registry, logger *slog.Logger) error {
+	pruner *projection.InboxPruner, notifier *postgres.Notifier, reg *prometheus.Registry, logger *slog.Logger) error {
+	// The notifier outlives the runners, to send the wake-up of their last
+	// batches.
+	notifyCtx, stopNotifier := context.WithCancel(context.WithoutCancel(ctx))
+	notified := make(chan struct{})
+	go func() { defer close(notified); notifier.Run(notifyCtx) }()
+	defer func() { stopNotifier(); <-notified }()
+
 	// The runners, the inbox pruner and the health server stop together:
 	// when ctx ends, or when any of them fails. Each runner finishes and
 	// acks its batch in hand.

@@ -82,6 +82,7 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", DefaultWorkerPoolSize, "most PostgreSQL connections of this process")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
 	logLevel := env.String(fs, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn, error")
+	notifyInterval := env.Duration(fs, "notify-interval", "NOTIFY_INTERVAL", postgres.DefaultNotifyInterval, "shortest time between two wake-ups of the relays (NOTIFY outbox, sent after outcome commits, coalesced)")
 	crashAfter := env.Int(fs, "test-crash-after-provider-calls", "WORKER_TEST_CRASH_AFTER_PROVIDER_CALLS", 0,
 		"TEST ONLY (the fault suite): SIGKILL this process right after its N-th provider answer, before recording it (0: never)")
 	all := fs.Bool("all", false, "dead-letters list: also the resolved ones")
@@ -157,6 +158,17 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
+	// The outcomes' outbox events wake the relay (in the api process) with
+	// one coalesced NOTIFY per interval, after their commits.
+	notifier, err := postgres.NewNotifier(pool, logger.With("component", "notifier"), postgres.NotifierConfig{Channel: "outbox", Interval: *notifyInterval})
+	if err != nil {
+		return fmt.Errorf("-notify-interval: %w", err)
+	}
+	notifyCtx, stopNotifier := context.WithCancel(context.WithoutCancel(ctx))
+	notified := make(chan struct{})
+	go func() { defer close(notified); notifier.Run(notifyCtx) }()
+	defer func() { stopNotifier(); <-notified }() // after the last outcome
+	cfg.AfterRecord = notifier.Notify
 	w, err := settle.New(pool, js, provider, logger, cfg)
 	if err != nil {
 		return err

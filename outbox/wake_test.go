@@ -1,0 +1,123 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/outbox"
+	"github.com/acme/orders/postgres"
+	"github.com/acme/orders/stream"
+)
+
+// runRelay runs relay until the test ends and waits until it owns every
+// partition.
+func runRelay(t *testing.T, relay *outbox.Relay) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); relay.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testenv.Eventually(t, 10*time.Second, "the relay owns every partition", func() bool {
+		return relay.Stats().Partitions == outbox.Partitions
+	})
+}
+
+// A create transaction sends no NOTIFY (migration 010 dropped the
+// outbox_notify trigger): a NOTIFY inside a write transaction serialises
+// every commit of the cluster.
+func TestCreateTransactionSendsNoNotify(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	pconn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pconn.Hijack()
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "LISTEN outbox"); err != nil {
+		t.Fatal(err)
+	}
+	createOrders(t, db, 3, "quiet")
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	n, err := conn.WaitForNotification(wctx)
+	if err == nil {
+		t.Fatalf("got NOTIFY %s %q from a create transaction; want none", n.Channel, n.Payload)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && wctx.Err() == nil {
+		t.Fatal(err)
+	}
+}
+
+// A lost wake-up costs at most PollInterval: a relay that nobody wakes
+// still publishes what commits, by polling.
+func TestRelayWithoutWakeUpPublishesByPolling(t *testing.T) {
+	t.Parallel()
+	db, js, _ := newPipeline(t, stream.Settings{})
+	relay := newRelay(t, db, js, outbox.Config{Workers: 1, PollInterval: 200 * time.Millisecond})
+	runRelay(t, relay)
+	createOrders(t, db, 5, "unwoken") // and no Wake, no NOTIFY
+	testenv.Eventually(t, 10*time.Second, "the relay publishes the 5 events by polling", func() bool {
+		return relay.Stats().Published == 5
+	})
+}
+
+// Events committed by another process wake the relay through a Notifier's
+// coalesced NOTIFY outbox, sent after the commit; without it (PollInterval
+// an hour) they would wait.
+func TestNotifierWakesARelayInAnotherProcess(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db, js, _ := newPipeline(t, stream.Settings{})
+	relay := newRelay(t, db, js, outbox.Config{Workers: 1, PollInterval: time.Hour})
+	runRelay(t, relay)
+	time.Sleep(100 * time.Millisecond) // the listener's first (re)connect wake-up has passed
+
+	notifier, err := postgres.NewNotifier(db, slog.New(slog.NewTextHandler(io.Discard, nil)), postgres.NotifierConfig{Channel: "outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); notifier.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	createOrders(t, db, 2, "remote")
+	notifier.Notify()
+	testenv.Eventually(t, 10*time.Second, "the notified relay publishes both events", func() bool {
+		return relay.Stats().Published == 2
+	})
+}
+
+// Events that commit within Linger of a wake-up, while the relay is busy,
+// go out in one atomic batch (one sync on a sync_interval: always server).
+func TestRelayLingerCoalescesCommitsIntoOneBatch(t *testing.T) {
+	t.Parallel()
+	db, js, _ := newPipeline(t, stream.Settings{})
+	relay := newRelay(t, db, js, outbox.Config{Workers: 1, PollInterval: time.Hour, Linger: time.Second})
+	runRelay(t, relay)
+
+	// Idle: the first event goes out at once, alone (no linger).
+	createOrders(t, db, 1, "first")
+	relay.Wake()
+	testenv.Eventually(t, 10*time.Second, "the first event is published", func() bool { return relay.Stats().Published == 1 })
+	if st := relay.Stats(); st.AtomicBatches != 1 || st.Lingers != 0 {
+		t.Fatalf("after the first event: %+v; want 1 atomic batch, no linger", st)
+	}
+
+	// Busy now: a wake-up lingers, and the second commit joins the first.
+	createOrders(t, db, 1, "second")
+	relay.Wake()
+	createOrders(t, db, 1, "third")
+	relay.Wake()
+	testenv.Eventually(t, 10*time.Second, "both events are published", func() bool { return relay.Stats().Published == 3 })
+	if st := relay.Stats(); st.AtomicBatches != 2 || st.Lingers != 1 {
+		t.Fatalf("after two events within the linger: %+v; want 2 atomic batches in all (the two in one), 1 linger", st)
+	}
+}

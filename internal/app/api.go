@@ -49,6 +49,7 @@ type apiConfig struct {
 	relayBatch                     int
 	relayRetention                 time.Duration
 	logFormat, logLevel            string
+	pprofAddr                      string
 	tenant, clientName             string        // token create, revoke
 	tokenExpires                   time.Duration // token create
 	token                          string        // token revoke
@@ -75,6 +76,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	var relayRetention *time.Duration
 	var keyTTL, keyWait, janitorEvery, keyQuotaRefresh *time.Duration
 	var keyQuota *int
+	var pprofAddr *string
 	var healthInterval *time.Duration
 	switch sub {
 	case "":
@@ -101,6 +103,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		relayWorkers = env.Int(fs, "relay-workers", "RELAY_WORKERS", outbox.DefaultWorkers, "relay workers in this process (each owns a share of its partitions)")
 		relayBatch = env.Int(fs, "relay-batch", "RELAY_BATCH", outbox.DefaultBatchSize, fmt.Sprintf("outbox rows per relay batch (1 to %d, one JetStream atomic batch)", outbox.MaxBatchSize))
 		relayRetention = env.Duration(fs, "relay-retention", "RELAY_RETENTION", 0, "prune published outbox rows after this long (0: keep; rebuilds need them)")
+		pprofAddr = env.String(fs, "pprof-addr", "PPROF_ADDR", "", pprofUsage)
 	case "token create":
 		tenant = fs.String("tenant", "", "tenant the new client acts for (a-z, 0-9, -, _)")
 		name = fs.String("name", "cli", "a label for the client")
@@ -128,6 +131,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		c.healthInterval = *healthInterval
 		c.replicas, c.poolSize, c.maxInFlight = *replicas, *poolSize, *maxInFlight
 		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
+		c.pprofAddr = *pprofAddr
 		c.relayBatch = *relayBatch
 		c.tenantLimits = httpapi.TenantLimitConfig{
 			MaxInFlight: *tenantInFlight, MaxWaiting: *tenantWaiting, Rate: float64(*tenantRate), Burst: *tenantBurst,
@@ -208,6 +212,9 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	if sub == "token create" || sub == "token revoke" {
 		// The token goes to stdout alone; logs would only get in the way.
 		logger = slog.New(slog.DiscardHandler)
+	}
+	if sub == "" {
+		servePprof(ctx, cfg.pprofAddr, logger)
 	}
 
 	// Serving waits for the database as long as it takes; a one-off command

@@ -60,6 +60,7 @@ type projectorConfig struct {
 	notify                         postgres.NotifierConfig
 	poolSize                       int
 	all                            bool // dead-letters list -all
+	pprofAddr                      string
 }
 
 // RunProjector is the whole projector program (cmd/projector): it keeps
@@ -115,6 +116,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	inboxRetention := env.Duration(fs, "inbox-retention", "INBOX_RETENTION", projection.DefaultInboxRetention,
 		"delete a projection's inbox row this long after its event was created (the version gate needs none)")
 	inboxPruneInterval := env.Duration(fs, "inbox-prune-interval", "INBOX_PRUNE_INTERVAL", projection.DefaultInboxPruneInterval, "how often expired inbox rows are pruned")
+	pprofAddr := env.String(fs, "pprof-addr", "PPROF_ADDR", "", pprofUsage)
 	only := env.String(fs, "projections", "PROJECTOR_PROJECTIONS", "", "comma-separated projections this process keeps (default: all)")
 	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -145,7 +147,7 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	}
 	cfg = projectorConfig{
 		databaseURL: *databaseURL, natsURL: *natsURL, httpAddr: *httpAddr,
-		logFormat: *logFormat, logLevel: *logLevel, poolSize: *poolSize, all: *all,
+		logFormat: *logFormat, logLevel: *logLevel, poolSize: *poolSize, all: *all, pprofAddr: *pprofAddr,
 		runner: projection.Config{BatchSize: *batchSize, Workers: *workers, BatchWait: *batchWait, AckWait: *ackWait, MaxDeliver: *maxDeliver,
 			StreamReplicas: *replicas, MaxAckPending: *maxAckPending, TenantShare: float64(*tenantShare) / 100},
 		inbox:  projection.InboxPruneConfig{Retention: *inboxRetention, Interval: *inboxPruneInterval},
@@ -157,6 +159,8 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "projector")
 	if sub != "" {
 		logger = NewLogger(io.Discard, "", "") // subcommands print their result only
+	} else {
+		servePprof(ctx, cfg.pprofAddr, logger)
 	}
 
 	pool, err := openDB(ctx, cfg.databaseURL, cfg.poolSize, sub != "", logger)

@@ -75,6 +75,7 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	providerURL := env.String(fs, "provider-url", "PAYMENT_PROVIDER_URL", DefaultProviderURL, "base URL of the Stripe-compatible provider (https://api.stripe.com for Stripe)")
 	providerKey := env.String(fs, "provider-key", "PAYMENT_PROVIDER_KEY", DefaultProviderKey, "the provider's secret key")
 	providerTimeout := env.Duration(fs, "provider-timeout", "PAYMENT_PROVIDER_TIMEOUT", payment.DefaultTimeout, "bound of one provider HTTP attempt")
+	pprofAddr := env.String(fs, "pprof-addr", "PPROF_ADDR", "", pprofUsage)
 	concurrency := env.Int(fs, "concurrency", "WORKER_CONCURRENCY", settle.DefaultConcurrency, "intents of each kind settled at once in this process")
 	ackWait := env.Duration(fs, "ack-wait", "WORKER_ACK_WAIT", settle.DefaultAckWait, "redeliver an intent after this long without an ack")
 	maxDeliver := env.Int(fs, "max-deliver", "WORKER_MAX_DELIVER", settle.DefaultMaxDeliver, "dead-letter an intent after this many failed deliveries")
@@ -101,6 +102,8 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	logger := NewLogger(stdout, *logFormat, *logLevel).With("process", "worker")
 	if sub != "" {
 		logger = NewLogger(io.Discard, "", "")
+	} else {
+		servePprof(ctx, *pprofAddr, logger)
 	}
 	provider, err := payment.NewStripe(payment.Config{BaseURL: *providerURL, SecretKey: *providerKey, Timeout: *providerTimeout,
 		Logger: logger.With("component", "provider")})

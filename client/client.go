@@ -137,6 +137,12 @@ type Meta struct {
 	Attempts int
 	// Status is the HTTP status of the last answer (0 if none arrived).
 	Status int
+	// Definitive is true when the call ended on an answer that settles it:
+	// a 2xx, or a refusal that sending it again would not change (a 4xx
+	// other than 409 in-flight and 429). False when it gave up (attempts,
+	// context, a network error): its outcome is then unknown, whatever
+	// Status says; retry it later with IdempotencyKey to learn it.
+	Definitive bool
 	// Replayed is true when the answer was the server's stored answer to an
 	// earlier attempt with the key (Idempotent-Replayed: true).
 	Replayed bool
@@ -250,6 +256,7 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 			meta.Location, meta.ETag = res.header.Get("Location"), res.header.Get("ETag")
 			meta.KeyExpires, _ = http.ParseTime(res.header.Get("Idempotency-Key-Expires"))
 			if res.status >= 200 && res.status < 300 {
+				meta.Definitive = true
 				if r.out == nil {
 					return nil
 				}
@@ -261,6 +268,7 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 			p := newProblem(res)
 			last = fmt.Errorf("%s: %w", what, p)
 			if !retryable(p) {
+				meta.Definitive = true
 				return last
 			}
 			wait = p.RetryAfter

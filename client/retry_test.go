@@ -206,3 +206,36 @@ func TestDefinitiveAnswersAreNotRetried(t *testing.T) {
 		t.Fatalf("%d orders, want 1", n)
 	}
 }
+
+// Meta.Definitive tells a call whose outcome is known (a 2xx, or a refusal
+// that sending it again would not change) from one that gave up, whose
+// outcome is unknown however its last answer looked.
+func TestMetaTellsDefinitiveFromGaveUp(t *testing.T) {
+	t.Parallel()
+	_, base := newProxy(t, func(int) fault { return pass })
+	c, _ := newClient(t, base)
+	ctx := context.Background()
+	var meta client.Meta
+	first, err := c.CreateOrder(ctx, newOrder("c-1"), client.WithMeta(&meta))
+	if err != nil || !meta.Definitive || meta.Status != http.StatusCreated {
+		t.Fatalf("create: %v, meta %+v; want a definitive 201", err, meta)
+	}
+	_, err = c.ShipOrder(ctx, first.ID, client.WithMeta(&meta))
+	if !client.IsConflict(err) || !meta.Definitive || meta.Status != http.StatusConflict {
+		t.Fatalf("ship a pending order: %v, meta %+v; want a definitive 409", err, meta)
+	}
+
+	_, base503 := newProxy(t, func(int) fault { return fail503Before })
+	c503, _ := newClient(t, base503, client.WithMaxAttempts(2), client.WithBackoff(time.Millisecond, time.Millisecond))
+	_, err = c503.CreateOrder(ctx, newOrder("c-1"), client.WithMeta(&meta))
+	if err == nil || meta.Definitive || meta.Status != http.StatusServiceUnavailable || meta.Attempts != 2 {
+		t.Fatalf("out of attempts: %v, meta %+v; want not definitive after two 503s", err, meta)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	c503, _ = newClient(t, base503, client.WithMaxAttempts(1000), client.WithBackoff(10*time.Millisecond, 50*time.Millisecond))
+	_, err = c503.CreateOrder(short, newOrder("c-1"), client.WithMeta(&meta))
+	if !errors.Is(err, context.DeadlineExceeded) || meta.Definitive || meta.Status != http.StatusServiceUnavailable {
+		t.Fatalf("past the deadline: %v, meta %+v; want not definitive", err, meta)
+	}
+}

@@ -29,7 +29,7 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Minute, "how long faults are injected")
 	every := flag.Duration("every", 3*time.Second, "mean time between faults")
 	clients := flag.Int("clients", 8, "concurrent clients")
-	dir := flag.String("dir", ".local/faults", "state directory (wiped first)")
+	dir := flag.String("dir", ".local/faults", "state directory, relative to the module root unless absolute (wiped first)")
 	noisyPhase := flag.Duration("noisy-phase", faults.DefaultNoisyPhase, "each measured phase of the noisy-neighbour run before the faults (alone, then under each attack)")
 	flag.Parse()
 	root, err := os.Getwd()
@@ -37,9 +37,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "faults:", err)
 		os.Exit(2)
 	}
+	stateDir := *dir
+	if !filepath.IsAbs(stateDir) { // relative to the module root; an absolute one as given
+		stateDir = filepath.Join(root, stateDir)
+	}
 	rep, err := faults.Run(ctx, faults.Config{
 		Seed: *seed, Duration: *duration, Every: *every, Clients: *clients,
-		Root: root, Dir: filepath.Join(root, *dir), NoisyPhase: *noisyPhase,
+		Root: root, Dir: stateDir, NoisyPhase: *noisyPhase,
 	}, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "faults: the run could not be carried out:", err)

@@ -3,13 +3,15 @@ package app_test
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/prometheus/promql/parser"
 
 	"github.com/acme/orders/fakepsp"
 	"github.com/acme/orders/fakepsp/fakepsptest"
@@ -132,45 +134,174 @@ func TestScrapeShowsHistogramsAndTheDashboardMatches(t *testing.T) {
 		`go_goroutines`: true,
 	})
 
-	// The dashboard is Grafana JSON whose every query names served metrics.
+	// The dashboard imports into Grafana, its every query parses as PromQL
+	// and names only metrics some process serves.
 	b, err := os.ReadFile("../../docs/grafana-dashboard.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dash struct {
-		Title  string
-		Panels []struct {
-			Title   string
-			Type    string
-			Targets []struct{ Expr string }
+	for _, problem := range dashboardProblems(b, all) {
+		t.Error("docs/grafana-dashboard.json: " + problem)
+	}
+}
+
+// dashboard is the part of a Grafana dashboard JSON that an import needs.
+type dashboard struct {
+	Title         string `json:"title"`
+	UID           string `json:"uid"`
+	SchemaVersion int    `json:"schemaVersion"`
+	Templating    struct {
+		List []struct {
+			Name  string `json:"name"`
+			Type  string `json:"type"`
+			Query string `json:"query"`
+		} `json:"list"`
+	} `json:"templating"`
+	Panels []struct {
+		ID         *int   `json:"id"`
+		Type       string `json:"type"`
+		Title      string `json:"title"`
+		Datasource *struct {
+			Type string `json:"type"`
+			UID  string `json:"uid"`
+		} `json:"datasource"`
+		GridPos *struct{ H, W, X, Y int } `json:"gridPos"`
+		Targets []struct {
+			RefID string `json:"refId"`
+			Expr  string `json:"expr"`
+		} `json:"targets"`
+	} `json:"panels"`
+}
+
+// dashboardProblems checks a Grafana dashboard JSON as an import would
+// need it (title, uid, schemaVersion, a Prometheus datasource variable,
+// panels with unique ids, a type, a place on the 24-column grid and
+// queries with unique refIds on that datasource), parses every query with
+// Prometheus's own PromQL parser, and names each metric a query selects
+// that served (the metric names the processes expose) lacks.
+func dashboardProblems(b []byte, served map[string]bool) []string {
+	var out []string
+	var d dashboard
+	if err := json.Unmarshal(b, &d); err != nil {
+		return []string{"not JSON: " + err.Error()}
+	}
+	if d.Title == "" || d.UID == "" || len(d.UID) > 40 || d.SchemaVersion < 30 {
+		out = append(out, fmt.Sprintf("title %q, uid %q, schemaVersion %d: want a title, a uid of 1–40 characters and schemaVersion ≥ 30", d.Title, d.UID, d.SchemaVersion))
+	}
+	hasDatasource := false
+	for _, v := range d.Templating.List {
+		hasDatasource = hasDatasource || v.Name == "datasource" && v.Type == "datasource" && v.Query == "prometheus"
+	}
+	if !hasDatasource {
+		out = append(out, `no templating variable "datasource" of type datasource querying prometheus`)
+	}
+	ids := map[int]bool{}
+	queries := 0
+	for i, p := range d.Panels {
+		name := fmt.Sprintf("panel %d %q", i, p.Title)
+		switch {
+		case p.ID == nil || *p.ID <= 0 || ids[*p.ID]:
+			out = append(out, name+": missing, non-positive or repeated id")
+		case p.Type == "" || p.Title == "":
+			out = append(out, name+": no type or title")
+		case p.GridPos == nil || p.GridPos.W <= 0 || p.GridPos.H <= 0 || p.GridPos.X < 0 || p.GridPos.Y < 0 || p.GridPos.X+p.GridPos.W > 24:
+			out = append(out, name+": gridPos missing or off the 24-column grid")
 		}
-	}
-	if err := json.Unmarshal(b, &dash); err != nil {
-		t.Fatalf("docs/grafana-dashboard.json: %v", err)
-	}
-	metricName := regexp.MustCompile(`\b(?:orders|go|process)_[a-zA-Z0-9_:]*`)
-	exprs := 0
-	for _, p := range dash.Panels {
+		if p.ID != nil {
+			ids[*p.ID] = true
+		}
 		if p.Type == "row" {
 			continue
 		}
-		if len(p.Targets) == 0 {
-			t.Errorf("panel %q has no query", p.Title)
+		if p.Datasource == nil || p.Datasource.Type != "prometheus" || p.Datasource.UID != "${datasource}" {
+			out = append(out, name+`: datasource is not {"type":"prometheus","uid":"${datasource}"}`)
 		}
+		if len(p.Targets) == 0 {
+			out = append(out, name+": no query")
+		}
+		refs := map[string]bool{}
 		for _, target := range p.Targets {
-			exprs++
-			found := metricName.FindAllString(target.Expr, -1)
-			if len(found) == 0 {
-				t.Errorf("panel %q: %q names no metric of ours", p.Title, target.Expr)
+			queries++
+			if target.RefID == "" || refs[target.RefID] {
+				out = append(out, fmt.Sprintf("%s: query %q has a missing or repeated refId", name, target.Expr))
 			}
-			for _, n := range found {
-				if !all[n] {
-					t.Errorf("panel %q: %q queries %s, which no process serves", p.Title, target.Expr, n)
+			refs[target.RefID] = true
+			// Grafana substitutes its range variables before Prometheus sees
+			// the query.
+			expr := strings.NewReplacer("$__rate_interval", "1m", "$__interval", "15s", "$__range", "1h").Replace(target.Expr)
+			parsed, err := parser.ParseExpr(expr)
+			if err != nil {
+				out = append(out, fmt.Sprintf("%s: %q does not parse: %v", name, target.Expr, err))
+				continue
+			}
+			metrics := 0
+			parser.Inspect(parsed, func(n parser.Node, _ []parser.Node) error {
+				vs, ok := n.(*parser.VectorSelector)
+				if !ok {
+					return nil
 				}
+				metrics++
+				if !served[vs.Name] {
+					out = append(out, fmt.Sprintf("%s: %q selects %s, which no process serves", name, target.Expr, vs.Name))
+				}
+				return nil
+			})
+			if metrics == 0 {
+				out = append(out, fmt.Sprintf("%s: %q selects no metric", name, target.Expr))
 			}
 		}
 	}
-	if dash.Title == "" || exprs < 5 {
-		t.Errorf("the dashboard has title %q and %d queries, want a title and at least 5", dash.Title, exprs)
+	if queries < 5 {
+		out = append(out, fmt.Sprintf("%d queries, want at least 5", queries))
+	}
+	return out
+}
+
+// The dashboard check catches what would break an import or a panel: a
+// query that is not PromQL, a metric no process serves, a panel without a
+// place or a datasource, a missing uid. It needs no stack: the served
+// names are given.
+func TestDashboardProblemsCatchBrokenDashboards(t *testing.T) {
+	t.Parallel()
+	served := map[string]bool{"orders_http_requests_total": true}
+	good := `{"title":"t","uid":"u","schemaVersion":39,
+		"templating":{"list":[{"name":"datasource","type":"datasource","query":"prometheus"}]},
+		"panels":[{"id":1,"type":"timeseries","title":"p","gridPos":{"h":8,"w":12,"x":0,"y":0},
+			"datasource":{"type":"prometheus","uid":"${datasource}"},
+			"targets":[%s]}]}`
+	q := func(expr string) string { return `{"refId":"A","expr":` + strconv.Quote(expr) + `}` }
+	ok := strings.Repeat(q("sum(rate(orders_http_requests_total[$__rate_interval]))")+",", 4) + q("orders_http_requests_total")
+	p := dashboardProblems([]byte(fmt.Sprintf(good, ok)), served)
+	if len(p) == 0 {
+		t.Fatal("repeated refIds: no problem found")
+	}
+	for _, problem := range p {
+		if !strings.Contains(problem, "repeated refId") {
+			t.Fatalf("repeated refIds: %q; want only that problem", p)
+		}
+	}
+	distinct := func(exprs ...string) string {
+		var ts []string
+		for i, e := range exprs {
+			ts = append(ts, `{"refId":"`+string(rune('A'+i))+`","expr":`+strconv.Quote(e)+`}`)
+		}
+		return strings.Join(ts, ",")
+	}
+	five := []string{"orders_http_requests_total", "orders_http_requests_total", "orders_http_requests_total", "orders_http_requests_total"}
+	if p := dashboardProblems([]byte(fmt.Sprintf(good, distinct(append(five, "sum(rate(orders_http_requests_total[$__rate_interval]))")...))), served); len(p) != 0 {
+		t.Fatalf("a good dashboard: %q", p)
+	}
+	for _, tc := range []struct{ name, json, want string }{
+		{"bad PromQL", fmt.Sprintf(good, distinct(append(five, "sum(rate(orders_http_requests_total[5m])")...)), "does not parse"},
+		{"unserved metric", fmt.Sprintf(good, distinct(append(five, "rate(orders_no_such_total[1m])")...)), "orders_no_such_total, which no process serves"},
+		{"no uid", strings.Replace(fmt.Sprintf(good, distinct(append(five, "up")...)), `"uid":"u",`, "", 1), "uid"},
+		{"no gridPos", strings.Replace(fmt.Sprintf(good, distinct(five...)), `"gridPos":{"h":8,"w":12,"x":0,"y":0},`, "", 1), "gridPos"},
+		{"no datasource variable", strings.Replace(fmt.Sprintf(good, distinct(five...)), `"type":"datasource"`, `"type":"custom"`, 1), "templating"},
+		{"not JSON", "{", "not JSON"},
+	} {
+		p := dashboardProblems([]byte(tc.json), served)
+		if !strings.Contains(strings.Join(p, "\n"), tc.want) {
+			t.Errorf("%s: problems %q; want one saying %q", tc.name, p, tc.want)
+		}
 	}
 }

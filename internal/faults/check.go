@@ -2,7 +2,6 @@ package faults
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -124,12 +123,10 @@ func opViolations(ops []*op, byKey, byID map[string]orderRow) []string {
 	for _, o := range ops {
 		got, ok := byID[o.OrderID]
 		switch {
+		case o.Kind == "create" && o.Status == http.StatusCreated && o.Order == nil:
+			out = append(out, fmt.Sprintf("create %s answered 201 with no readable order: %v", o.Key, o.Err))
 		case o.Kind == "create" && o.Status == http.StatusCreated:
-			var created struct {
-				ID    string `json:"id"`
-				Total int64  `json:"total"`
-			}
-			_ = json.Unmarshal(o.Response, &created)
+			created := o.Order
 			got, ok := byKey[o.Key]
 			switch {
 			case !ok:

@@ -140,8 +140,12 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	defer stopLoad()
 	var wg sync.WaitGroup
 	for i := range clients {
-		clients[i] = &client{id: i, apis: apis, token: s.token, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(i))),
-			http: &http.Client{Timeout: 3 * time.Second}, deadline: 90 * time.Second, retries: &retries}
+		api, err := newAPIClient(apis, s.token, cfg.Seed+uint64(i), 3*time.Second)
+		if err != nil {
+			return rep, err
+		}
+		clients[i] = &client{id: i, api: api, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(i))),
+			deadline: 90 * time.Second, retries: &retries}
 		wg.Add(1)
 		go clients[i].run(loadCtx, &wg)
 	}

@@ -1,0 +1,118 @@
+package app_test
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/acme/orders/internal/app"
+	"github.com/acme/orders/internal/testenv"
+)
+
+// traced installs a tracer provider that keeps every span in memory, for
+// the rest of the test. Not parallel: the provider is global.
+func traced(t *testing.T) *tracetest.InMemoryExporter {
+	t.Helper()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() {
+		_ = tp.Shutdown(t.Context())
+		otel.SetTracerProvider(noop.NewTracerProvider())
+	})
+	return exp
+}
+
+// A create over HTTP is one trace from the request to the publish, and
+// every projection's apply span links to that publish: request → command
+// transaction → publish (relay, JetStream headers) → apply (projector).
+func TestTraceFollowsACreateFromRequestToApply(t *testing.T) {
+	exp := traced(t)
+	env := newEnv(t)
+	api := start(t, "api", app.RunAPI, env)
+	start(t, "projector", app.RunProjector, env)
+	token := newToken(t, env, "acme")
+
+	created := call(t, http.MethodPost, api+"/v1/orders", token, "trace-1", orderBody("c-1"))
+	if created.status != http.StatusCreated {
+		t.Fatalf("POST: status %d, body %s", created.status, created.body)
+	}
+
+	find := func(spans tracetest.SpanStubs, f func(tracetest.SpanStub) bool) []tracetest.SpanStub {
+		var out []tracetest.SpanStub
+		for _, s := range spans {
+			if f(s) {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	var request, command, publish tracetest.SpanStub
+	var applies []tracetest.SpanStub
+	defer func() {
+		if t.Failed() {
+			for _, s := range exp.GetSpans() {
+				t.Logf("span %q trace %s span %s parent %s links %d", s.Name, s.SpanContext.TraceID(), s.SpanContext.SpanID(), s.Parent.SpanID(), len(s.Links))
+			}
+		}
+	}()
+	testenv.Eventually(t, 15*time.Second, "request, command, publish and apply spans", func() bool {
+		spans := exp.GetSpans()
+		reqs := find(spans, func(s tracetest.SpanStub) bool { return s.Name == "POST /v1/orders" })
+		if len(reqs) != 1 {
+			return false
+		}
+		request = reqs[0]
+		tid := request.SpanContext.TraceID()
+		cmds := find(spans, func(s tracetest.SpanStub) bool {
+			return strings.HasPrefix(s.Name, "command ") && s.SpanContext.TraceID() == tid
+		})
+		pubs := find(spans, func(s tracetest.SpanStub) bool {
+			return strings.HasPrefix(s.Name, "publish ") && s.SpanContext.TraceID() == tid
+		})
+		if len(cmds) != 1 || len(pubs) != 1 {
+			return false
+		}
+		command, publish = cmds[0], pubs[0]
+		applies = find(spans, func(s tracetest.SpanStub) bool {
+			return strings.HasPrefix(s.Name, "apply ") && slices.ContainsFunc(s.Links, func(l sdktrace.Link) bool {
+				return l.SpanContext.SpanID() == publish.SpanContext.SpanID()
+			})
+		})
+		return len(applies) >= 3 // order_views, customer_summaries, daily_sales
+	})
+
+	if request.SpanKind != trace.SpanKindServer {
+		t.Errorf("request span kind %v, want server", request.SpanKind)
+	}
+	if command.Parent.SpanID() != request.SpanContext.SpanID() {
+		t.Errorf("command span %q is not a child of the request span", command.Name)
+	}
+	if publish.Parent.SpanID() != command.SpanContext.SpanID() || !publish.Parent.IsRemote() {
+		t.Errorf("publish span %q: parent %v, want the command span %v (remote: read from the outbox)",
+			publish.Name, publish.Parent.SpanID(), command.SpanContext.SpanID())
+	}
+	if publish.SpanKind != trace.SpanKindProducer {
+		t.Errorf("publish span kind %v, want producer", publish.SpanKind)
+	}
+	names := map[string]bool{}
+	for _, a := range applies {
+		names[a.Name] = true
+		if a.SpanKind != trace.SpanKindConsumer {
+			t.Errorf("%s: span kind %v, want consumer", a.Name, a.SpanKind)
+		}
+	}
+	for _, want := range []string{"apply order_views", "apply customer_summaries", "apply daily_sales"} {
+		if !names[want] {
+			t.Errorf("no span %q linked to the publish; got %v", want, names)
+		}
+	}
+}

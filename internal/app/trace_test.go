@@ -13,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/acme/orders/fakepsp"
+	"github.com/acme/orders/fakepsp/fakepsptest"
 	"github.com/acme/orders/internal/app"
 	"github.com/acme/orders/internal/testenv"
 )
@@ -115,4 +117,56 @@ func TestTraceFollowsACreateFromRequestToApply(t *testing.T) {
 			t.Errorf("no span %q linked to the publish; got %v", want, names)
 		}
 	}
+}
+
+// A pay's trace leads to the worker: the worker's settle span links to the
+// publish of the pay request's payment.requested, and the provider call is
+// its child.
+func TestTraceFollowsAPayToTheCharge(t *testing.T) {
+	exp := traced(t)
+	env := newEnv(t)
+	_, hs := fakepsptest.Start(t, fakepsptest.DatabaseURL(t), fakepsp.Config{})
+	env["PAYMENT_PROVIDER_URL"], env["PAYMENT_PROVIDER_KEY"] = hs.URL, fakepsptest.SecretKey
+	api := start(t, "api", app.RunAPI, env)
+	worker := start(t, "worker", app.RunWorker, env)
+	token := newToken(t, env, "acme")
+	waitReady(t, worker)
+
+	created := call(t, http.MethodPost, api+"/v1/orders", token, "trace-pay-1", orderBody("c-2"))
+	if created.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", created.status, created.body)
+	}
+	if paying := call(t, http.MethodPost, api+created.header.Get("Location")+"/pay", token, "trace-pay-2", ""); paying.status != http.StatusAccepted {
+		t.Fatalf("pay: %d %s", paying.status, paying.body)
+	}
+	testenv.Eventually(t, 15*time.Second, "pay request → publish → settle → charge", func() bool {
+		spans := exp.GetSpans()
+		byID := map[trace.SpanID]tracetest.SpanStub{}
+		for _, s := range spans {
+			byID[s.SpanContext.SpanID()] = s
+		}
+		for _, settle := range spans {
+			if !strings.HasPrefix(settle.Name, "settle ") || len(settle.Links) != 1 {
+				continue
+			}
+			publish, ok := byID[settle.Links[0].SpanContext.SpanID()]
+			if !ok || !strings.HasPrefix(publish.Name, "publish ") {
+				continue
+			}
+			command, ok := byID[publish.Parent.SpanID()]
+			if !ok {
+				continue
+			}
+			request, ok := byID[command.Parent.SpanID()]
+			if !ok || request.Name != "POST /v1/orders/{id}/pay" {
+				continue
+			}
+			for _, charge := range spans {
+				if charge.Name == "charge" && charge.Parent.SpanID() == settle.SpanContext.SpanID() {
+					return true
+				}
+			}
+		}
+		return false
+	})
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel"
 
 	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/tracing"
@@ -127,6 +128,8 @@ func startTracing(ctx context.Context, cfg tracing.Config, logger *slog.Logger) 
 	if !cfg.On() {
 		return func() {}, nil
 	}
+	// Export failures (collector down, spans dropped) reach our log.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("tracing", "err", err) }))
 	logger.Info("tracing on: exporting spans over OTLP/HTTP", "service", cfg.ServiceName)
 	return func() {
 		start := time.Now()

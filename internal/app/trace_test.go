@@ -1,6 +1,9 @@
 package app_test
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
@@ -169,4 +172,23 @@ func TestTraceFollowsAPayToTheCharge(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// Every process's logger puts the trace_id of the span in the context into
+// the record.
+func TestLoggerCarriesTraceID(t *testing.T) {
+	var buf bytes.Buffer
+	logger := app.NewLogger(&buf, "json", "info").With("process", "api")
+	tp := sdktrace.NewTracerProvider()
+	defer tp.Shutdown(context.Background())
+	ctx, span := tp.Tracer("test").Start(context.Background(), "request")
+	defer span.End()
+	logger.InfoContext(ctx, "handled")
+	var line map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &line); err != nil {
+		t.Fatal(err)
+	}
+	if line["trace_id"] != span.SpanContext().TraceID().String() {
+		t.Fatalf("log line %v has no trace_id %s", line, span.SpanContext().TraceID())
+	}
 }

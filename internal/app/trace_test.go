@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -20,6 +22,7 @@ import (
 	"github.com/acme/orders/fakepsp/fakepsptest"
 	"github.com/acme/orders/internal/app"
 	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/stream"
 )
 
 // traced installs a tracer provider that keeps every span in memory, for
@@ -190,5 +193,46 @@ func TestLoggerCarriesTraceID(t *testing.T) {
 	}
 	if line["trace_id"] != span.SpanContext().TraceID().String() {
 		t.Fatalf("log line %v has no trace_id %s", line, span.SpanContext().TraceID())
+	}
+}
+
+// Tracing off (the default), a traced caller's request stores no trace
+// context with its event and the relay sends none: nothing is installed,
+// nothing continues the caller's trace.
+func TestTracingOffStoresAndSendsNoTraceContext(t *testing.T) {
+	env, api, token := startStack(t)
+	req, _ := http.NewRequest(http.MethodPost, api+"/v1/orders", strings.NewReader(orderBody("c-3")))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Idempotency-Key", "untraced-1")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	if created := do(t, req); created.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", created.status, created.body)
+	}
+	testenv.Eventually(t, 10*time.Second, "the event is published", func() bool {
+		return countRows(t, env, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`) == 1
+	})
+	if n := countRows(t, env, `SELECT count(*) FROM outbox WHERE traceparent IS NOT NULL OR tracestate IS NOT NULL`); n != 0 {
+		t.Fatalf("%d outbox rows store a trace context with tracing off", n)
+	}
+	nc, err := nats.Connect(env["NATS_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(t.Context(), stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := s.GetMsg(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tp := msg.Header.Get("traceparent"); tp != "" {
+		t.Fatalf("the published event carries traceparent %q with tracing off", tp)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/postgres"
+	"github.com/acme/orders/tracing"
 )
 
 // FingerprintVersion names the canonical form that fingerprints are computed
@@ -235,6 +236,8 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 
 	var res Result
 	var outcome outcomes
+	ctx, span := tracing.StartChild(ctx, "command "+req.Scope)
+	defer span.End()
 	err = postgres.InTx(ctx, s.db, func(tx pgx.Tx) error {
 		res, outcome = Result{}, 0
 		// A key row found expired (the janitor has not removed it yet) is
@@ -315,6 +318,7 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 	if errors.Is(err, errUnstored) {
 		err = nil
 	}
+	tracing.Fail(span, err)
 	keyStored = outcome&outcomeCreated != 0 && err == nil
 	if keyStored && s.afterCommit != nil {
 		s.afterCommit()

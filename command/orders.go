@@ -9,12 +9,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/domain"
+	"github.com/acme/orders/tracing"
 )
 
 const (
 	// OrderCreateSQL writes a new order, its items and its first event in
 	// one statement (one round trip). If the key already created an order
-	// (its key row had expired), it writes nothing and returns 0.
+	// (its key row had expired), it writes nothing and returns 0. The
+	// event carries the request's trace context ($18, $19), NULL untraced.
 	OrderCreateSQL = `
 WITH o AS (
     INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
@@ -27,8 +29,8 @@ WITH o AS (
     FROM o, unnest($10::int[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[])
          AS i(line_no, sku, quantity, unit_price, line_total)
 ), event AS (
-    INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_version, event_type, payload)
-    SELECT $15, o.tenant_id, o.id, $7, $16, $17 FROM o
+    INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_version, event_type, payload, traceparent, tracestate)
+    SELECT $15, o.tenant_id, o.id, $7, $16, $17, $18, $19 FROM o
 )
 SELECT count(*) FROM o`
 
@@ -63,8 +65,10 @@ func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey str
 		quantities[i], prices[i], totals[i] = it.Quantity, it.UnitPrice, it.LineTotal
 	}
 	var created int
+	traceparent, tracestate := tracing.Inject(ctx)
 	if err := tx.QueryRow(ctx, OrderCreateSQL, o.TenantID, o.ID, o.CustomerID, o.Status, o.Currency, o.Total, o.Version,
-		creatingKey, o.CreatedAt, lineNos, skus, quantities, prices, totals, env.ID, env.Type, env).Scan(&created); err != nil {
+		creatingKey, o.CreatedAt, lineNos, skus, quantities, prices, totals, env.ID, env.Type, env,
+		nullIfEmpty(traceparent), nullIfEmpty(tracestate)).Scan(&created); err != nil {
 		return uuid.Nil, fmt.Errorf("insert order: %w", err)
 	}
 	if created == 1 {

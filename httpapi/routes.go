@@ -7,10 +7,14 @@ import (
 
 	"github.com/acme/orders/api"
 	"github.com/acme/orders/health"
+	"github.com/acme/orders/tracing"
 )
 
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
+	if tracing.Active() {
+		r.Use(s.traceRequests)
+	}
 	r.Use(s.measure, withRequestID, s.recoverer, s.logRequests)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, s.Logger, problem(http.StatusNotFound, "not-found", "Not found", "No such endpoint."), nil)

@@ -16,6 +16,10 @@ type outboxRow struct {
 	EventType string
 	Payload   []byte
 	CreatedAt time.Time
+	// Traceparent and Tracestate are the W3C trace context of the request
+	// that wrote the event (nil when it was not traced); publish replaces
+	// them by its publish span's.
+	Traceparent, Tracestate *string
 }
 
 // RelayBatch publishes, for each worker of the relay in turn, one batch of

@@ -46,6 +46,9 @@ const atomicRecheck = time.Minute
 // the acknowledged prefix, how many of those JetStream reported as
 // duplicates, and the first error that cut the prefix short.
 func (r *Relay) publish(ctx context.Context, events []outboxRow) (acked, duplicates int, err error) {
+	if end := tracePublish(ctx, events); end != nil {
+		defer func() { end(acked, err) }()
+	}
 	if !r.atomicAllowed(ctx) {
 		return r.publishEach(ctx, events)
 	}
@@ -108,6 +111,7 @@ func (r *Relay) publishAtomic(ctx context.Context, events []outboxRow) error {
 		msgs[i] = nats.NewMsg(stream.Subject(e.EventType))
 		msgs[i].Data = e.Payload
 		msgs[i].Header.Set(jetstream.MsgIDHeader, e.ID.String())
+		setTraceHeaders(msgs[i], e)
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.AckTimeout)
 	defer cancel()
@@ -180,6 +184,7 @@ func (r *Relay) publishEach(ctx context.Context, events []outboxRow) (acked, dup
 	for _, e := range events {
 		msg := nats.NewMsg(stream.Subject(e.EventType))
 		msg.Data = e.Payload
+		setTraceHeaders(msg, e)
 		f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(e.ID.String()))
 		if err != nil {
 			sendErr = fmt.Errorf("publish event %s: %w", e.ID, err)

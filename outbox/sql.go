@@ -12,9 +12,10 @@ WHERE NOT p = ANY($2::int[]) AND pg_try_advisory_lock($3, p)
 LIMIT $4`
 
 	// OutboxClaimSQL claims the $1 oldest unpublished rows of the
-	// partitions $2, in seq order, with when each was written.
+	// partitions $2, in seq order, with when each was written and its
+	// trace context (NULL unless traced: no cost when tracing is off).
 	OutboxClaimSQL = `
-SELECT id, event_type, payload, created_at
+SELECT id, event_type, payload, created_at, traceparent, tracestate
 FROM outbox
 WHERE published_at IS NULL AND partition = ANY($2)
 ORDER BY seq

@@ -444,6 +444,8 @@ func decodeMessages(msgs []jetstream.Msg) []*event {
 // batch tells JetStream it is still in progress.
 func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 	start := time.Now()
+	ctx, endSpan := traceBatch(ctx, r.proj.Name(), msgs)
+	defer endSpan()
 	stop := r.keepInProgress(msgs)
 	defer stop()
 	if o := r.obs.BatchEvents; o != nil {

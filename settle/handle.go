@@ -7,10 +7,12 @@ import (
 	"strconv"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/payment"
+	"github.com/acme/orders/tracing"
 )
 
 // verdict is what becomes of a delivered intent.
@@ -115,10 +117,13 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 		found = found && ch.Status == payment.ChargeSucceeded
 	}
 	if !found {
-		ch, err = w.provider.Charge(ctx, payment.ChargeRequest{
+		cctx, span := tracing.StartChild(ctx, "charge", trace.WithSpanKind(trace.SpanKindClient))
+		ch, err = w.provider.Charge(cctx, payment.ChargeRequest{
 			IdempotencyKey: req.PaymentKey, Amount: req.Amount, Currency: req.Currency, PaymentMethod: req.PaymentMethod,
 			Metadata: map[string]string{"tenant_id": env.TenantID, "order_id": env.AggregateID.String(), "attempt": strconv.Itoa(req.Attempt)},
 		})
+		tracing.Fail(span, err)
+		span.End()
 		if err != nil {
 			return w.providerResult(ChargeConsumer, fmt.Errorf("charge %s: %w", req.PaymentKey, err))
 		}
@@ -153,7 +158,10 @@ func (w *Worker) refund(ctx context.Context, env domain.Envelope) result {
 		return result{dead, fmt.Errorf("%w: refund.requested %s: attempt %d, key %q, amount %d %q, charge %q do not make a refund",
 			domain.ErrMalformedEvent, env.ID, req.Attempt, req.RefundKey, req.Amount, req.Currency, req.ChargeID)}
 	}
-	rf, err := w.provider.Refund(ctx, payment.RefundRequest{IdempotencyKey: req.RefundKey, ChargeID: req.ChargeID, Amount: req.Amount})
+	rctx, span := tracing.StartChild(ctx, "refund", trace.WithSpanKind(trace.SpanKindClient))
+	rf, err := w.provider.Refund(rctx, payment.RefundRequest{IdempotencyKey: req.RefundKey, ChargeID: req.ChargeID, Amount: req.Amount})
+	tracing.Fail(span, err)
+	span.End()
 	if err != nil {
 		return w.providerResult(RefundConsumer, fmt.Errorf("refund %s: %w", req.RefundKey, err))
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/stream"
+	"github.com/acme/orders/tracing"
 )
 
 // consumers pairs each durable consumer with the intent it settles.
@@ -146,7 +147,10 @@ func (w *Worker) process(ctx context.Context, consumer string, m jetstream.Msg) 
 	if md, err := m.Metadata(); err == nil {
 		delivered, seq = md.NumDelivered, md.Sequence.Stream
 	}
+	ctx, span := traceIntent(ctx, consumer, m)
+	defer span.End()
 	r := w.settle(ctx, consumer, m.Data(), delivered > 1)
+	tracing.Fail(span, r.err)
 	switch r.verdict {
 	case done:
 		if err := m.Ack(); err != nil {

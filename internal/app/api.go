@@ -23,6 +23,7 @@ import (
 	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/query"
 	"github.com/acme/orders/stream"
+	"github.com/acme/orders/tracing"
 )
 
 const apiUsage = `usage:
@@ -53,6 +54,7 @@ type apiConfig struct {
 	tenant, clientName             string        // token create, revoke
 	tokenExpires                   time.Duration // token create
 	token                          string        // token revoke
+	tracing                        tracing.Config
 }
 
 // parseAPIConfig reads the settings of one api subcommand ("", "migrate" or
@@ -123,6 +125,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		return c, fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), apiUsage)
 	}
 	c.databaseURL, c.logFormat, c.logLevel = *databaseURL, *logFormat, *logLevel
+	c.tracing = env.Tracing("orders-api")
 	switch sub {
 	case "":
 		c.natsURL, c.httpAddr, c.relay = *natsURL, *httpAddr, *relay
@@ -215,6 +218,11 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	if sub == "" {
 		servePprof(ctx, cfg.pprofAddr, logger)
+		stopTracing, err := startTracing(ctx, cfg.tracing, logger)
+		if err != nil {
+			return err
+		}
+		defer stopTracing() // last: after the relay's and the requests' spans ended
 	}
 
 	// Serving waits for the database as long as it takes; a one-off command

@@ -20,8 +20,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel"
 
 	"github.com/acme/orders/postgres"
+	"github.com/acme/orders/tracing"
 )
 
 // Defaults match the local stack that `make run` starts.
@@ -102,8 +104,49 @@ func (env *Env) Bool(fs *flag.FlagSet, name, key string, def bool, usage string)
 	return fs.Bool(name, def, usage+" ($"+key+")")
 }
 
+// Tracing reads the standard OTEL_* variables that turn tracing on (see
+// tracing.Config); the exporter reads the rest of them (headers, timeout,
+// compression, TLS) itself.
+func (env *Env) Tracing(service string) tracing.Config {
+	c := tracing.Config{ServiceName: service, Exporter: env.get("OTEL_TRACES_EXPORTER"), Endpoint: env.get("OTEL_EXPORTER_OTLP_ENDPOINT")}
+	if v := env.get("OTEL_SERVICE_NAME"); v != "" {
+		c.ServiceName = v
+	}
+	if v := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"); v != "" {
+		c.Endpoint, c.TracesEndpoint = v, true
+	}
+	return c
+}
+
+// startTracing sets tracing up as cfg says (nothing when it is off) and
+// returns what flushes the spans still buffered when the process stops.
+func startTracing(ctx context.Context, cfg tracing.Config, logger *slog.Logger) (stop func(), err error) {
+	shutdown, err := tracing.Setup(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if !cfg.On() {
+		return func() {}, nil
+	}
+	// Export failures (collector down, spans dropped) reach our log.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("tracing", "err", err) }))
+	logger.Info("tracing on: exporting spans over OTLP/HTTP", "service", cfg.ServiceName)
+	return func() {
+		start := time.Now()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := shutdown(sctx); err != nil {
+			logger.Warn("shutdown: spans not all exported", "err", err)
+			return
+		}
+		logger.Info("shutdown: spans flushed to the collector", "duration", time.Since(start))
+	}, nil
+}
+
 // NewLogger logs to w: as text when format is "text" (or empty and w is a
-// terminal), else as JSON; at debug level when level is "debug".
+// terminal), else as JSON; at debug level when level is "debug". A record
+// logged with the context of a recording span carries its trace_id and
+// span_id.
 func NewLogger(w io.Writer, format, level string) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
 	switch strings.ToLower(level) {
@@ -122,10 +165,11 @@ func NewLogger(w io.Writer, format, level string) *slog.Logger {
 			}
 		}
 	}
+	// Records logged with a traced context carry trace_id and span_id.
 	if format == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
+		return slog.New(tracing.NewLogHandler(slog.NewTextHandler(w, opts)))
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	return slog.New(tracing.NewLogHandler(slog.NewJSONHandler(w, opts)))
 }
 
 // ConnectNATS connects to url and keeps reconnecting for as long as the

@@ -162,6 +162,13 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	} else {
 		servePprof(ctx, cfg.pprofAddr, logger)
 	}
+	if sub == "" {
+		stopTracing, err := startTracing(ctx, env.Tracing("orders-projector"), logger)
+		if err != nil {
+			return err
+		}
+		defer stopTracing() // last: after the last batch's spans ended
+	}
 
 	pool, err := openDB(ctx, cfg.databaseURL, cfg.poolSize, sub != "", logger)
 	if err != nil {

@@ -105,6 +105,13 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	} else {
 		servePprof(ctx, *pprofAddr, logger)
 	}
+	if sub == "" {
+		stopTracing, err := startTracing(ctx, env.Tracing("orders-worker"), logger)
+		if err != nil {
+			return err
+		}
+		defer stopTracing() // last: after the last batch's spans ended
+	}
 	provider, err := payment.NewStripe(payment.Config{BaseURL: *providerURL, SecretKey: *providerKey, Timeout: *providerTimeout,
 		Logger: logger.With("component", "provider")})
 	if err != nil {

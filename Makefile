@@ -30,7 +30,7 @@ trap 'exit 130' INT; trap 'exit 143' TERM; \
 export TEST_DATABASE_URL='$(TEST_DB_URL)'; $(1)
 endef
 
-.PHONY: help run test test/race fuzz e2e http migrate lint bench bench/micro clean cluster cluster/stop cluster-test faults faults-short
+.PHONY: help run test test/race fuzz e2e http migrate lint bench bench/micro clean cluster cluster/stop cluster-test faults faults-short dashboard-png
 
 help: ## Show this help
 	@echo "Usage: make <target>"
@@ -92,6 +92,9 @@ faults-short: ## A short fault-suite run (3 s noisy-neighbour phases, 45 s of fa
 
 CLUSTER_DIR  := .local/cluster
 CLUSTER_PORT := 14250
+
+dashboard-png: ## Re-make docs/dashboard.png: a stack on ports 56300–56320 under load, scraped by Prometheus, the dashboard's panels rendered by headless Chromium (needs prometheus and chromium; see scripts/dashboard-png.sh)
+	@scripts/dashboard-png.sh
 
 cluster: ## Start a local 3-node NATS cluster in the background and print how to run the stack on it
 	@urls=$$(scripts/nats-cluster.sh start $(CLUSTER_DIR) $(CLUSTER_PORT)); \

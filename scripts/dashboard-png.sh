@@ -6,7 +6,8 @@
 #      (creates, pays, reads, ships, cancels; go run ./scripts/dashshot load),
 #   4. evaluates every panel of docs/grafana-dashboard.json over the run with
 #      Prometheus's query_range API into HTML (dashshot render), and
-#   5. screenshots that with headless Chromium into docs/dashboard.png.
+#   5. screenshots that with headless Chromium, re-encoded with a 256-colour
+#      palette (dashshot shrink) into docs/dashboard.png.
 # Needs: prometheus (PROMETHEUS, default: on PATH or in $(go env GOPATH)/bin;
 #   go install -tags remove_all_sd github.com/prometheus/prometheus/cmd/prometheus@v0.316.0)
 #   and chromium (CHROMIUM; apt-get install chromium).
@@ -32,7 +33,8 @@ STACK_PID="" PROM_PID=""
 cleanup() {
 	local rc=$?
 	if [ -n "$PROM_PID" ]; then kill -TERM "$PROM_PID" 2>/dev/null || true; wait "$PROM_PID" 2>/dev/null || true; fi
-	if [ -n "$STACK_PID" ]; then kill -INT "$STACK_PID" 2>/dev/null || true; wait "$STACK_PID" 2>/dev/null || true; fi
+	# TERM, not INT: a background job of a non-interactive shell ignores SIGINT.
+	if [ -n "$STACK_PID" ]; then kill -TERM "$STACK_PID" 2>/dev/null || true; wait "$STACK_PID" 2>/dev/null || true; fi
 	exit "$rc"
 }
 trap cleanup EXIT INT TERM
@@ -80,6 +82,7 @@ say "rendering"
 H=$(grep -o 'height:[0-9]*px;position:relative' "$DIR/dashboard.html" | grep -o '[0-9]*')
 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
 	--disable-component-update --disable-sync --hide-scrollbars --user-data-dir="$DIR/chromium" \
-	--window-size="1600,$H" --screenshot="$ROOT/$OUT" "file://$DIR/dashboard.html" >"$DIR/chromium.log" 2>&1 ||
+	--window-size="1600,$H" --screenshot="$DIR/screenshot.png" "file://$DIR/dashboard.html" >"$DIR/chromium.log" 2>&1 ||
 	{ log_tail "$DIR/chromium.log"; exit 1; }
+"$DIR/dashshot" shrink -in "$DIR/screenshot.png" -out "$ROOT/$OUT"
 say "wrote $OUT ($(wc -c <"$ROOT/$OUT") bytes)"

@@ -5,17 +5,22 @@
 //	dashshot render -prom URL -start T -end T -out F  evaluates every panel of docs/grafana-dashboard.json
 //	                                                  over [start, end] with Prometheus's query_range API
 //	                                                  and writes the panels, in the dashboard's grid, as HTML
+//	dashshot shrink -in F -out F                      re-encodes a screenshot with a 256-colour palette
 //
 // The HTML (inline SVG, no scripts) is then screenshot by headless
 // Chromium.
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"image"
+	"image/color"
+	"image/png"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -35,7 +40,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: dashshot load|render [flags]")
+		fmt.Fprintln(os.Stderr, "usage: dashshot load|render|shrink [flags]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -46,8 +51,10 @@ func main() {
 		err = load(ctx, os.Args[2:])
 	case "render":
 		err = render(ctx, os.Args[2:])
+	case "shrink":
+		err = shrink(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q (load or render)", os.Args[1])
+		err = fmt.Errorf("unknown command %q (load, render or shrink)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dashshot:", err)
@@ -169,16 +176,49 @@ type panel struct {
 		Defaults struct {
 			Unit string `json:"unit"`
 		} `json:"defaults"`
+		Overrides []struct {
+			Matcher struct {
+				ID      string `json:"id"`
+				Options string `json:"options"`
+			} `json:"matcher"`
+			Properties []struct {
+				ID    string `json:"id"`
+				Value any    `json:"value"`
+			} `json:"properties"`
+		} `json:"overrides"`
 	} `json:"fieldConfig"`
 	Targets []struct {
+		RefID        string `json:"refId"`
 		Expr         string `json:"expr"`
 		LegendFormat string `json:"legendFormat"`
 	} `json:"targets"`
 }
 
+// axis returns the unit of the target refID and whether it is drawn on
+// the right axis (a byFrameRefID override), as Grafana would.
+func (p panel) axis(refID string) (unit string, right bool) {
+	unit = p.FieldConfig.Defaults.Unit
+	for _, o := range p.FieldConfig.Overrides {
+		if o.Matcher.ID != "byFrameRefID" || o.Matcher.Options != refID {
+			continue
+		}
+		for _, prop := range o.Properties {
+			switch prop.ID {
+			case "unit":
+				unit, _ = prop.Value.(string)
+			case "custom.axisPlacement":
+				right = prop.Value == "right"
+			}
+		}
+	}
+	return unit, right
+}
+
 // series is one line of a panel.
 type series struct {
 	name   string
+	unit   string
+	right  bool         // on the right axis
 	points [][2]float64 // unix seconds, value
 }
 
@@ -231,15 +271,16 @@ svg text{fill:#9fa7b3;font-size:10px}
 			if err != nil {
 				return fmt.Errorf("panel %q: %w", p.Title, err)
 			}
+			unit, right := p.axis(t.RefID)
 			for _, s := range got {
-				s.name = legend(t.LegendFormat, s.name)
+				s.name, s.unit, s.right = legend(t.LegendFormat, s.name), unit, right
 				lines = append(lines, s)
 			}
 		}
 		x, y := 8+float64(p.GridPos.X)*col, 40+float64(p.GridPos.Y)*rowH
 		w, h := float64(p.GridPos.W)*col-6, float64(p.GridPos.H)*rowH-6
 		fmt.Fprintf(&html, `<div class="p" style="left:%.0fpx;top:%.0fpx;width:%.0fpx;height:%.0fpx"><div class="t">%s</div>%s</div>`+"\n",
-			x, y, w, h, escape(p.Title), chart(lines, w, h-24, start, end, p.FieldConfig.Defaults.Unit))
+			x, y, w, h, escape(p.Title), chart(lines, w, h-24, start, end))
 	}
 	html.WriteString("</body></html>\n")
 	return os.WriteFile(*out, []byte(html.String()), 0o644)
@@ -312,34 +353,50 @@ func legend(format, labelsJSON string) string {
 var palette = []string{"#73bf69", "#f2cc0c", "#5794f2", "#ff780a", "#f2495c", "#b877d9", "#8ab8ff", "#37872d", "#fade2a", "#ff9830", "#96d98d", "#ca95e5"}
 
 // chart renders lines as an SVG time series of w×h pixels with a legend
-// (last and max per series) below.
-func chart(lines []series, w, h, start, end float64, unit string) string {
-	const left, bottom = 52.0, 16.0
+// (last and max per series) below; series on the right axis have their own
+// scale and unit.
+func chart(lines []series, w, h, start, end float64) string {
+	const left, right, bottom = 52.0, 52.0, 16.0
 	legendRows := min(len(lines), 6)
 	plotH := h - bottom - float64(legendRows)*13 - 4
-	plotW := w - left - 10
+	plotW := w - left - right
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg width="%.0f" height="%.0f" xmlns="http://www.w3.org/2000/svg">`, w, h)
 	if len(lines) == 0 {
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">No data</text></svg>`, w/2, h/2)
 		return b.String()
 	}
-	top := 0.0
+	top := map[bool]float64{}
+	unit := map[bool]string{}
+	used := map[bool]bool{}
 	for _, s := range lines {
+		used[s.right], unit[s.right] = true, s.unit
 		for _, p := range s.points {
-			top = max(top, p[1])
+			top[s.right] = max(top[s.right], p[1])
 		}
 	}
-	if top == 0 {
-		top = 1
+	for side := range top {
+		if top[side] == 0 {
+			top[side] = 1
+		}
+		top[side] = niceCeil(top[side])
 	}
-	top = niceCeil(top)
 	px := func(t float64) float64 { return left + (t-start)/(end-start)*plotW }
-	py := func(v float64) float64 { return 4 + plotH - v/top*plotH }
+	py := func(v float64, side bool) float64 { return 4 + plotH - v/top[side]*plotH }
 	for i := 0; i <= 4; i++ {
-		v := top * float64(i) / 4
-		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#2c3235"/>`, left, left+plotW, py(v), py(v))
-		fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`, left-4, py(v)+3, format(v, unit))
+		for _, side := range []bool{false, true} {
+			if !used[side] {
+				continue
+			}
+			v := top[side] * float64(i) / 4
+			if side {
+				fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="start">%s</text>`, left+plotW+4, py(v, side)+3, format(v, unit[side]))
+				continue
+			}
+			fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`, left-4, py(v, side)+3, format(v, unit[side]))
+		}
+		y := 4 + plotH - plotH*float64(i)/4
+		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#2c3235"/>`, left, left+plotW, y, y)
 	}
 	for i := 0; i <= 4; i++ {
 		t := start + (end-start)*float64(i)/4
@@ -353,9 +410,13 @@ func chart(lines []series, w, h, start, end float64, unit string) string {
 			if j == 0 {
 				cmd = "M"
 			}
-			fmt.Fprintf(&path, "%s%.1f %.1f", cmd, px(p[0]), py(p[1]))
+			fmt.Fprintf(&path, "%s%.1f %.1f", cmd, px(p[0]), py(p[1], s.right))
 		}
-		fmt.Fprintf(&b, `<path d="%s" fill="none" stroke="%s" stroke-width="1.5"/>`, path.String(), color)
+		dash := ""
+		if s.right {
+			dash = ` stroke-dasharray="5 2"`
+		}
+		fmt.Fprintf(&b, `<path d="%s" fill="none" stroke="%s" stroke-width="1.5"%s/>`, path.String(), color, dash)
 	}
 	for i, s := range lines[:legendRows] {
 		last, peak := s.points[len(s.points)-1][1], 0.0
@@ -364,11 +425,14 @@ func chart(lines []series, w, h, start, end float64, unit string) string {
 		}
 		y := 4 + plotH + bottom + 10 + float64(i)*13
 		name := s.name
+		if s.right {
+			name += " (right axis, dashed)"
+		}
 		if i == legendRows-1 && len(lines) > legendRows {
 			name += fmt.Sprintf("  (+%d more series)", len(lines)-legendRows)
 		}
 		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="10" height="3" fill="%s"/><text x="%.0f" y="%.0f">%s  ·  last %s  ·  max %s</text>`,
-			left-36, y-4, palette[i%len(palette)], left-20, y, escape(name), format(last, unit), format(peak, unit))
+			left-36, y-4, palette[i%len(palette)], left-20, y, escape(name), format(last, s.unit), format(peak, s.unit))
 	}
 	b.WriteString("</svg>")
 	return b.String()
@@ -418,4 +482,63 @@ func short(v float64) string {
 
 func escape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
+}
+
+// shrink re-encodes a PNG with a palette of its 256 most frequent colours
+// (each other colour becomes the nearest of them): a flat dark dashboard
+// has few colours beyond the anti-aliasing, and the file gets ~3× smaller.
+func shrink(args []string) error {
+	fs := flag.NewFlagSet("shrink", flag.ExitOnError)
+	in := fs.String("in", "", "PNG to read")
+	out := fs.String("out", "", "PNG to write")
+	_ = fs.Parse(args)
+	f, err := os.Open(*in)
+	if err != nil {
+		return err
+	}
+	img, err := png.Decode(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", *in, err)
+	}
+	bounds := img.Bounds()
+	counts := map[color.RGBA]int{}
+	for y := bounds.Min.Y; y < bounds.Max.Y; y++ {
+		for x := bounds.Min.X; x < bounds.Max.X; x++ {
+			counts[color.RGBAModel.Convert(img.At(x, y)).(color.RGBA)]++
+		}
+	}
+	colors := make([]color.RGBA, 0, len(counts))
+	for c := range counts {
+		colors = append(colors, c)
+	}
+	sort.Slice(colors, func(i, j int) bool {
+		if counts[colors[i]] != counts[colors[j]] {
+			return counts[colors[i]] > counts[colors[j]]
+		}
+		a, b := colors[i], colors[j]
+		return uint32(a.R)<<16|uint32(a.G)<<8|uint32(a.B) < uint32(b.R)<<16|uint32(b.G)<<8|uint32(b.B)
+	})
+	pal := make(color.Palette, 0, 256)
+	for _, c := range colors[:min(256, len(colors))] {
+		pal = append(pal, c)
+	}
+	dst := image.NewPaletted(bounds, pal)
+	index := map[color.RGBA]uint8{}
+	for y := bounds.Min.Y; y < bounds.Max.Y; y++ {
+		for x := bounds.Min.X; x < bounds.Max.X; x++ {
+			c := color.RGBAModel.Convert(img.At(x, y)).(color.RGBA)
+			i, ok := index[c]
+			if !ok {
+				i = uint8(pal.Index(c))
+				index[c] = i
+			}
+			dst.SetColorIndex(x, y, i)
+		}
+	}
+	var buf bytes.Buffer
+	if err := (&png.Encoder{CompressionLevel: png.BestCompression}).Encode(&buf, dst); err != nil {
+		return err
+	}
+	return os.WriteFile(*out, buf.Bytes(), 0o644)
 }

@@ -30,7 +30,7 @@ trap 'exit 130' INT; trap 'exit 143' TERM; \
 export TEST_DATABASE_URL='$(TEST_DB_URL)'; $(1)
 endef
 
-.PHONY: help run test test/race fuzz e2e http migrate lint bench bench/micro clean cluster cluster/stop cluster-test faults faults-short
+.PHONY: help run test test/race fuzz e2e http migrate lint bench bench/micro clean cluster cluster/stop cluster-test faults faults-short dashboard-png
 
 help: ## Show this help
 	@echo "Usage: make <target>"
@@ -89,6 +89,9 @@ faults: ## Fault suite: noisy neighbour, then crashes, restarts, network and pay
 
 faults-short: ## A short fault-suite run (3 s noisy-neighbour phases, 45 s of faults; part of CI)
 	@go run ./cmd/faults $(if $(SEED),-seed $(SEED)) -duration 45s -every 2s -noisy-phase 3s -dir .local/faults-short
+
+dashboard-png: ## Redraw docs/dashboard.png from a real run: a stack in .local/dashshot (api :18180) driven and scraped for 90 s (DURATION=90s), then stopped
+	@scripts/dashboard-png.sh
 
 CLUSTER_DIR  := .local/cluster
 CLUSTER_PORT := 14250

@@ -73,8 +73,9 @@ func ParseDashboard(b []byte) (*Dashboard, error) {
 const (
 	// DefaultRateInterval stands for Grafana's $__rate_interval: with a
 	// 1 s scrape interval, Grafana would pick max(4 × 1 s, step + 1 s); a
-	// longer window smooths the lines of a short run.
-	DefaultRateInterval = 30 * time.Second
+	// longer window smooths the lines of a short run, at the price of a
+	// ramp that long where a series starts.
+	DefaultRateInterval = 15 * time.Second
 	// DefaultMaxSeriesPerPanel bounds the series drawn in one panel (the
 	// first ones by legend order are kept).
 	DefaultMaxSeriesPerPanel = 12

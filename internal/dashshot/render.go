@@ -69,9 +69,9 @@ var (
 	colText       = rgb(0xccccdc)
 	colDim        = rgb(0x8e8e9e)
 	palette       = []color.RGBA{
-		rgb(0x73bf69), rgb(0xf2cc0c), rgb(0x8ab8ff), rgb(0xff780a), rgb(0xf2495c),
-		rgb(0x5794f2), rgb(0xb877d9), rgb(0x705da0), rgb(0x37872d), rgb(0xfade2a),
-		rgb(0x447ebc), rgb(0xc15c17),
+		rgb(0x7eb26d), rgb(0xeab839), rgb(0x6ed0e0), rgb(0xef843c), rgb(0xe24d42),
+		rgb(0x1f78c1), rgb(0xba43a9), rgb(0x705da0), rgb(0x508642), rgb(0xcca300),
+		rgb(0xf9ba8f), rgb(0xb7dbab),
 	}
 )
 
@@ -81,7 +81,7 @@ func rgb(v uint32) color.RGBA {
 
 // Geometry of the drawing, in pixels.
 const (
-	headerHeight = 52
+	headerHeight = 58
 	gap          = 6  // between panels
 	charW        = 7  // basicfont.Face7x13
 	lineH        = 15 // one line of text
@@ -106,8 +106,8 @@ func Render(data []PanelData, cfg RenderConfig) (*image.RGBA, error) {
 	colW := float64(cfg.Width-gap) / 24
 	img := image.NewRGBA(image.Rect(0, 0, cfg.Width, headerHeight+rows*cfg.RowHeight+gap))
 	fill(img, img.Bounds(), colBackground)
-	text(img, gap+4, 22, cfg.Title, colText, true)
-	text(img, gap+4, 42, cfg.Subtitle, colDim, false)
+	scaled(img, image.Pt(gap+4, 6), cfg.Title, colText, 2)
+	text(img, gap+4, 48, cfg.Subtitle, colDim, false)
 	for _, pd := range data {
 		g := pd.Panel.GridPos
 		r := image.Rect(
@@ -463,18 +463,24 @@ func text(img *image.RGBA, x, y int, s string, c color.RGBA, bold bool) {
 	}
 }
 
-// centred draws s scaled up by scale (nearest neighbour) in the middle of r.
+// centred draws s scaled up by scale in the middle of r.
 func centred(img *image.RGBA, r image.Rectangle, s string, c color.RGBA, scale int) {
+	w, h := len(ascii(s))*charW*scale, 13*scale
+	scaled(img, image.Pt(r.Min.X+(r.Dx()-w)/2, r.Min.Y+(r.Dy()-h)/2+8), s, c, scale)
+}
+
+// scaled draws s (made ASCII) scaled up by scale (nearest neighbour) with
+// its top left corner at at.
+func scaled(img *image.RGBA, at image.Point, s string, c color.RGBA, scale int) {
 	s = ascii(s)
 	small := image.NewRGBA(image.Rect(0, 0, len(s)*charW, 13))
 	d := font.Drawer{Dst: small, Src: image.NewUniform(c), Face: basicfont.Face7x13, Dot: fixed.P(0, 11)}
 	d.DrawString(s)
 	w, h := small.Bounds().Dx()*scale, small.Bounds().Dy()*scale
-	x0, y0 := r.Min.X+(r.Dx()-w)/2, r.Min.Y+(r.Dy()-h)/2+8
 	for y := 0; y < h; y++ {
 		for x := 0; x < w; x++ {
 			if p := small.RGBAAt(x/scale, y/scale); p.A > 0x80 {
-				img.SetRGBA(x0+x, y0+y, c)
+				img.SetRGBA(at.X+x, at.Y+y, c)
 			}
 		}
 	}

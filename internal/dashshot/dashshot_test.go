@@ -178,11 +178,10 @@ func TestScrapeOnceFeedsTheEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := Evaluate(context.Background(), store, d, EvalConfig{Start: base.Add(2 * time.Second), End: base.Add(2 * time.Second), Step: time.Second, RateInterval: 5 * time.Second})
-	if err == nil {
+	if _, err := Evaluate(context.Background(), store, d, EvalConfig{Start: base.Add(2 * time.Second), End: base.Add(2 * time.Second), Step: time.Second, RateInterval: 5 * time.Second}); err == nil {
 		t.Fatal("Evaluate with End == Start: no error")
 	}
-	data, err = Evaluate(context.Background(), store, d, EvalConfig{Start: base.Add(time.Second), End: base.Add(2 * time.Second), Step: time.Second, RateInterval: 5 * time.Second})
+	data, err := Evaluate(context.Background(), store, d, EvalConfig{Start: base.Add(time.Second), End: base.Add(2 * time.Second), Step: time.Second, RateInterval: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,8 +90,12 @@ faults: ## Fault suite: noisy neighbour, then crashes, restarts, network and pay
 faults-short: ## A short fault-suite run (3 s noisy-neighbour phases, 45 s of faults; part of CI)
 	@go run ./cmd/faults $(if $(SEED),-seed $(SEED)) -duration 45s -every 2s -noisy-phase 3s -dir .local/faults-short
 
-dashboard-png: ## Redraw docs/dashboard.png from a real run: a stack in .local/dashshot (api :18180) driven and scraped for 90 s (DURATION=90s), then stopped
-	@scripts/dashboard-png.sh
+# How long `make dashboard-png` drives and scrapes its stack (not DURATION:
+# that one is the fault suite's).
+DASH_DURATION ?= 90s
+
+dashboard-png: ## Redraw docs/dashboard.png from a real run: a stack in .local/dashshot (api :18180) driven and scraped for 90 s (DASH_DURATION=90s), then stopped
+	@DURATION=$(DASH_DURATION) scripts/dashboard-png.sh
 
 CLUSTER_DIR  := .local/cluster
 CLUSTER_PORT := 14250

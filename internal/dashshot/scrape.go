@@ -79,7 +79,9 @@ type ScrapeStats struct {
 
 // Scrape scrapes every target once per interval into store until ctx ends,
 // as Prometheus would: one timestamp per scrape (the time it started),
-// labels job and instance added, and up{job,instance} set to 1 or 0. A
+// labels job and instance added, and up{job,instance} set to 1 or 0; but
+// without staleness markers, so a series that vanishes (a restarted
+// process) still shows for the engine's 5-minute lookback. A
 // failed scrape is counted, not fatal; Scrape returns when ctx is done,
 // with the counts, or at once with an error naming a bad setting.
 func Scrape(ctx context.Context, store *Store, cfg ScrapeConfig) (ScrapeStats, error) {

@@ -90,11 +90,15 @@ faults: ## Fault suite: noisy neighbour, then crashes, restarts, network and pay
 faults-short: ## A short fault-suite run (3 s noisy-neighbour phases, 45 s of faults; part of CI)
 	@go run ./cmd/faults $(if $(SEED),-seed $(SEED)) -duration 45s -every 2s -noisy-phase 3s -dir .local/faults-short
 
+# How long `make dashboard-png` drives and scrapes its stack (not DURATION:
+# that one is the fault suite's).
+DASH_DURATION ?= 90s
+
+dashboard-png: ## Redraw docs/dashboard.png from a real run: a stack in .local/dashshot (api :18180) driven and scraped for 90 s (DASH_DURATION=90s), then stopped
+	@DURATION=$(DASH_DURATION) scripts/dashboard-png.sh
+
 CLUSTER_DIR  := .local/cluster
 CLUSTER_PORT := 14250
-
-dashboard-png: ## Re-make docs/dashboard.png: a stack on ports 56300–56320 under load, scraped by Prometheus, the dashboard's panels rendered by headless Chromium (needs prometheus and chromium; see scripts/dashboard-png.sh)
-	@scripts/dashboard-png.sh
 
 cluster: ## Start a local 3-node NATS cluster in the background and print how to run the stack on it
 	@urls=$$(scripts/nats-cluster.sh start $(CLUSTER_DIR) $(CLUSTER_PORT)); \

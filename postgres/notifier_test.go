@@ -20,13 +20,22 @@ func TestNotifierCoalesces(t *testing.T) {
 	defer cancel()
 	db := testenv.DB(t)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	got := make(chan string, 100)
+	got, listening := make(chan string, 100), make(chan struct{}, 1)
 	go postgres.Listen(ctx, db, "test_channel", logger, func(p string) {
-		if p != "" { // "" is the listener's (re)connect
-			got <- p
+		if p == "" { // the listener's (re)connect: it is listening
+			select {
+			case listening <- struct{}{}:
+			default:
+			}
+			return
 		}
+		got <- p
 	})
-	time.Sleep(200 * time.Millisecond) // listening
+	select {
+	case <-listening:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the listener did not connect within 10 s")
+	}
 
 	n, err := postgres.NewNotifier(db, logger, postgres.NotifierConfig{Channel: "test_channel", Interval: 500 * time.Millisecond})
 	if err != nil {
@@ -37,12 +46,22 @@ func TestNotifierCoalesces(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	n.NotifyIDs("p", []string{"a"})
-	if p := <-got; p != "p:a" {
+	next := func() string {
+		t.Helper()
+		select {
+		case p := <-got:
+			return p
+		case <-time.After(10 * time.Second):
+			t.Fatal("no notification within 10 s")
+			return ""
+		}
+	}
+	if p := next(); p != "p:a" {
 		t.Fatalf("first payload %q; want p:a", p)
 	}
 	n.NotifyIDs("p", []string{"b", "c"})
 	n.NotifyIDs("p", []string{"c", "d"})
-	if p := <-got; p != "p:b,c,d" {
+	if p := next(); p != "p:b,c,d" {
 		t.Fatalf("coalesced payload %q; want p:b,c,d", p)
 	}
 	// The listener may hear the second statement before Exec has returned

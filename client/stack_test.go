@@ -1,10 +1,8 @@
 package client_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -61,43 +59,8 @@ func stack() (map[string]string, string) {
 
 // start runs a program of the service until TestMain ends and returns the
 // base URL it serves on.
-func start(env map[string]string, name string, run func(context.Context, []string, func(string) string, io.Writer) error) string {
-	ctx, cancel := context.WithCancel(context.Background())
-	out, w := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{name, "-http-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, w)
-		w.Close()
-	}()
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			var line struct{ Msg, Addr string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				addr <- line.Addr
-			}
-		}
-	}()
-	mainT.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "%s returned %v\n", name, err)
-			}
-		case <-time.After(15 * time.Second):
-			fmt.Fprintf(os.Stderr, "%s did not shut down within 15s\n", name)
-		}
-	})
-	select {
-	case a := <-addr:
-		return "http://" + a
-	case err := <-done:
-		panic(fmt.Sprintf("%s exited early: %v", name, err))
-	case <-time.After(30 * time.Second):
-		panic(name + " did not listen within 30s")
-	}
+func start(env map[string]string, name string, run testenv.Program) string {
+	return testenv.StartProgram(mainT, name, run, env)
 }
 
 // newTenant returns a token of a tenant no other test uses.

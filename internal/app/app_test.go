@@ -1,7 +1,6 @@
 package app_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,49 +19,11 @@ import (
 	"github.com/acme/orders/internal/testenv"
 )
 
-type program func(context.Context, []string, func(string) string, io.Writer) error
-
-// start runs a program (RunAPI or RunProjector) until the test ends and
-// returns the base URL it serves on.
-func start(t *testing.T, name string, run program, env map[string]string) string {
+// start runs a program of the service until the test ends and returns the
+// base URL it serves on.
+func start(t *testing.T, name string, run testenv.Program, env map[string]string) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	out, w := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{name, "-http-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, w)
-		w.Close()
-	}()
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			var line struct{ Msg, Addr string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				addr <- line.Addr
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("%s returned %v", name, err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("%s did not shut down within 15s", name)
-		}
-	})
-	select {
-	case a := <-addr:
-		return "http://" + a
-	case err := <-done:
-		t.Fatalf("%s exited early: %v", name, err)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%s did not listen within 30s", name)
-	}
-	return ""
+	return testenv.StartProgram(t, name, run, env)
 }
 
 // newEnv gives a test its own database and NATS server.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/acme/orders/internal/app"
+	"github.com/acme/orders/internal/testenv"
 )
 
 // The api and the projector log their shutdown steps, in order, each with
@@ -21,7 +22,7 @@ func TestShutdownLogsItsSteps(t *testing.T) {
 	env := newEnv(t)
 	for _, tc := range []struct {
 		name  string
-		run   program
+		run   testenv.Program
 		steps []string
 	}{
 		{"api", app.RunAPI, []string{

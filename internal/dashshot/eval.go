@@ -168,12 +168,11 @@ func Evaluate(ctx context.Context, q storage.Queryable, d *Dashboard, cfg EvalCo
 		pd := PanelData{Panel: p, Start: cfg.Start, End: cfg.End}
 		for _, t := range p.Targets {
 			expr := vars.Replace(t.Expr)
-			series, err := rangeQuery(ctx, engine, q, expr, cfg)
+			err := rangeQuery(ctx, engine, q, expr, cfg, func(s promql.Series) {
+				pd.Series = append(pd.Series, Series{Legend: legend(t.LegendFormat, s.Metric), Points: points(s)})
+			})
 			if err != nil {
 				return nil, fmt.Errorf("panel %q, query %s: %w", p.Title, t.RefID, err)
-			}
-			for _, s := range series {
-				pd.Series = append(pd.Series, Series{Legend: legend(t.LegendFormat, s.Metric), Points: points(s)})
 			}
 		}
 		if n := len(pd.Series); n > cfg.MaxSeriesPerPanel {
@@ -185,22 +184,29 @@ func Evaluate(ctx context.Context, q storage.Queryable, d *Dashboard, cfg EvalCo
 	return out, nil
 }
 
-func rangeQuery(ctx context.Context, engine *promql.Engine, q storage.Queryable, expr string, cfg EvalConfig) (promql.Matrix, error) {
+// rangeQuery evaluates expr over cfg's range and hands each result series,
+// in label order, to each. The series are only valid inside each: the
+// engine returns their points to its pool when the query is closed (read
+// after Close, they raced with the next query's evaluation).
+func rangeQuery(ctx context.Context, engine *promql.Engine, q storage.Queryable, expr string, cfg EvalConfig, each func(promql.Series)) error {
 	qry, err := engine.NewRangeQuery(ctx, q, nil, expr, cfg.Start, cfg.End, cfg.Step)
 	if err != nil {
-		return nil, fmt.Errorf("%q: %w", expr, err)
+		return fmt.Errorf("%q: %w", expr, err)
 	}
 	defer qry.Close()
 	res := qry.Exec(ctx)
 	if res.Err != nil {
-		return nil, fmt.Errorf("%q: %w", expr, res.Err)
+		return fmt.Errorf("%q: %w", expr, res.Err)
 	}
 	m, err := res.Matrix()
 	if err != nil {
-		return nil, fmt.Errorf("%q: %w", expr, err)
+		return fmt.Errorf("%q: %w", expr, err)
 	}
 	sort.Slice(m, func(i, j int) bool { return labels.Compare(m[i].Metric, m[j].Metric) < 0 })
-	return m, nil
+	for _, s := range m {
+		each(s)
+	}
+	return nil
 }
 
 func points(s promql.Series) []Point {

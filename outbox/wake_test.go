@@ -103,21 +103,24 @@ func TestRelayLingerCoalescesCommitsIntoOneBatch(t *testing.T) {
 	relay := newRelay(t, db, js, outbox.Config{Workers: 1, PollInterval: time.Hour, Linger: time.Second})
 	runRelay(t, relay)
 
-	// Idle: the first event goes out at once, alone (no linger).
+	// Idle: the first event goes out alone. (The relay's listener wakes it
+	// once more when it connects, which may come after this event and then
+	// counts as a busy wake-up: only the batches are asserted here.)
 	createOrders(t, db, 1, "first")
 	relay.Wake()
 	testenv.Eventually(t, 10*time.Second, "the first event is published", func() bool { return relay.Stats().Published == 1 })
-	if st := relay.Stats(); st.AtomicBatches != 1 || st.Lingers != 0 {
-		t.Fatalf("after the first event: %+v; want 1 atomic batch, no linger", st)
+	first := relay.Stats()
+	if first.AtomicBatches != 1 {
+		t.Fatalf("after the first event: %+v; want 1 atomic batch", first)
 	}
 
-	// Busy now: a wake-up lingers, and the second commit joins the first.
+	// Busy now: a wake-up lingers, and the next commit joins the batch.
 	createOrders(t, db, 1, "second")
 	relay.Wake()
 	createOrders(t, db, 1, "third")
 	relay.Wake()
 	testenv.Eventually(t, 10*time.Second, "both events are published", func() bool { return relay.Stats().Published == 3 })
-	if st := relay.Stats(); st.AtomicBatches != 2 || st.Lingers != 1 {
-		t.Fatalf("after two events within the linger: %+v; want 2 atomic batches in all (the two in one), 1 linger", st)
+	if st := relay.Stats(); st.AtomicBatches != first.AtomicBatches+1 || st.Lingers < first.Lingers+1 {
+		t.Fatalf("after two events within the linger: %+v (after the first: %+v); want one more atomic batch (the two in one) and at least one more linger", st, first)
 	}
 }

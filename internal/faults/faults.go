@@ -215,11 +215,13 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	s.mu.Unlock()
 	rep.Drain = time.Since(drainStart)
 	rep.Violations = append(rep.Violations, violations...)
+	s.mu.Lock()
 	for _, p := range s.procs {
-		if p.crashes > 0 {
-			rep.Violations = append(rep.Violations, fmt.Sprintf("%s exited %d times without being killed (see %s.log)", p.name, p.crashes, p.name))
+		if r := p.crashReport(); r != "" {
+			rep.Violations = append(rep.Violations, r)
 		}
 	}
+	s.mu.Unlock()
 	rep.print(out)
 	return rep, nil
 }

@@ -71,8 +71,8 @@ func (s *stack) noisyNeighbour(ctx context.Context, phase time.Duration, logf fu
 	s.stop(p)
 	var violations []string
 	s.mu.Lock()
-	if p.crashes > 0 {
-		violations = append(violations, fmt.Sprintf("%s exited %d times without being killed (see %s.log)", p.name, p.crashes, p.name))
+	if r := p.crashReport(); r != "" {
+		violations = append(violations, r)
 	}
 	s.mu.Unlock()
 	return rep, violations, nil

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -58,8 +59,35 @@ type proc struct {
 	health   string // path that answers 200 when ready (default /readyz)
 	cmd      *exec.Cmd
 	exited   chan struct{}
-	killedBy bool // the harness killed it on purpose
-	crashes  int  // exits the harness did not cause
+	killedBy bool   // the harness killed it on purpose
+	crashes  int    // exits the harness did not cause
+	lastExit string // how the last of them ended, and its log's last line
+}
+
+// crashReport is the violation p's crashes make, or "" if it had none.
+// Callers hold s.mu.
+func (p *proc) crashReport() string {
+	if p.crashes == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s exited %d times without being killed, last %s (see %s.log)", p.name, p.crashes, p.lastExit, p.name)
+}
+
+// lastLine is the last non-empty line of the file at path (from its last
+// 4 KiB), or "" if it cannot be read.
+func lastLine(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	if fi, err := f.Stat(); err == nil && fi.Size() > int64(len(buf)) {
+		_, _ = f.Seek(fi.Size()-int64(len(buf)), io.SeekStart)
+	}
+	n, _ := io.ReadFull(f, buf)
+	lines := strings.Split(strings.TrimSpace(string(buf[:n])), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
 }
 
 // run runs a command in the module's root, its output to the log file
@@ -270,6 +298,7 @@ func (s *stack) start(p *proc, extraEnv []string, expectExit bool) error {
 		s.mu.Lock()
 		if !p.killedBy {
 			p.crashes++
+			p.lastExit = fmt.Sprintf("%s: %q", cmd.ProcessState, lastLine(f.Name()))
 			s.log.Error("process exited on its own", "process", p.name, "state", cmd.ProcessState.String())
 		}
 		s.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -17,14 +18,42 @@ import (
 	"time"
 )
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// below the kernel's ephemeral range. The suites kill processes and start
+// them again on the same port; a port from the ephemeral range (what
+// listening on :0 gives) can meanwhile become the local end of any outgoing
+// connection (a pool's reconnect, a proxy's dial), and the restarted
+// process then fails with "address already in use" for as long as that
+// connection lives. Ports below the range are never picked that way.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	lo, hi := freePortRange()
+	var last error
+	for range 100 {
+		port := lo + rand.IntN(hi-lo)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			last = err
+			continue
+		}
+		l.Close()
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free port in [%d, %d) after 100 tries: %w", lo, hi, last)
+}
+
+// freePortRange is where FreePort picks: from 10000 up to the first port
+// of the ephemeral range (net.ipv4.ip_local_port_range, 32768 by default).
+func freePortRange() (lo, hi int) {
+	lo, hi = 10000, 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return lo, hi
+	}
+	var first, last int
+	if n, _ := fmt.Sscan(string(b), &first, &last); n == 2 && first > lo+1000 {
+		hi = first
+	}
+	return lo, hi
 }
 
 // Run runs name with args in dir to completion, appending its output to

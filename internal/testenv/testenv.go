@@ -170,7 +170,7 @@ func NATS(tb testing.TB) *server.Server {
 		Host:      "127.0.0.1",
 		Port:      -1,
 		JetStream: true,
-		StoreDir:  tb.TempDir(),
+		StoreDir:  storeDir(tb),
 		NoLog:     true,
 		NoSigs:    true,
 	})
@@ -210,7 +210,7 @@ func NATSCluster(tb testing.TB, n int) ([]*server.Server, string) {
 			Host:       "127.0.0.1",
 			Port:       -1,
 			JetStream:  true,
-			StoreDir:   tb.TempDir(),
+			StoreDir:   storeDir(tb),
 			Cluster:    server.ClusterOpts{Name: "orders-test", Host: "127.0.0.1", Port: ports[i]},
 			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
 			NoLog:      true,
@@ -249,6 +249,34 @@ func NATSCluster(tb testing.TB, n int) ([]*server.Server, string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return servers, strings.Join(urls, ",")
+}
+
+// storeDir is a new directory for a NATS server's store, removed when the
+// test ends, after the server's own cleanup (registered later, so run
+// earlier). Not tb.TempDir: a server that has shut down can still be
+// removing an atomic batch's directory, and TempDir's single RemoveAll then
+// fails the test with "directory not empty"; this one retries for 5 s.
+func storeDir(tb testing.TB) string {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "nats-store-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			err := os.RemoveAll(dir)
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				tb.Errorf("remove the NATS store %s: %v", dir, err)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+	return dir
 }
 
 func freePort(tb testing.TB) int {

@@ -87,9 +87,18 @@ ON CONFLICT (idempotency_key) DO NOTHING`
 // unknown order, KindConflict for a succeeded charge that does not match the
 // order's total and currency (nothing written: a bug to look into, to be
 // dead-lettered); anything else is transient and the caller retries.
+// HandleRecorded does the same and also tells whether this call recorded.
 func (h RecordChargeOutcomeHandler) Handle(ctx context.Context, cmd RecordChargeOutcome) (domain.Order, error) {
+	o, _, err := h.HandleRecorded(ctx, cmd)
+	return o, err
+}
+
+// HandleRecorded is Handle, and reports whether this call recorded the
+// outcome (false: an earlier delivery or a racing copy recorded it, and
+// this call wrote nothing).
+func (h RecordChargeOutcomeHandler) HandleRecorded(ctx context.Context, cmd RecordChargeOutcome) (o domain.Order, recorded bool, err error) {
 	if err := cmd.Validate(); err != nil {
-		return domain.Order{}, err
+		return domain.Order{}, false, err
 	}
 	status := "succeeded"
 	if !cmd.Charge.Succeeded {
@@ -115,14 +124,14 @@ func joinReason(code, reason string) string {
 // the order's change (decided first, so a refusal writes nothing), the
 // payments row and the outbox event.
 func recordOutcome(ctx context.Context, db postgres.DB, consumer string, eventID uuid.UUID, tenantID string, orderID uuid.UUID,
-	payment []any, change func(*domain.Order) (domain.Event, error)) (domain.Order, error) {
-	var o domain.Order
-	err := postgres.InTx(ctx, db, func(tx pgx.Tx) error {
+	payment []any, change func(*domain.Order) (domain.Event, error)) (o domain.Order, recorded bool, err error) {
+	err = postgres.InTx(ctx, db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, paymentInboxInsertSQL, consumer, eventID, tenantID, orderID)
 		if err != nil {
 			return fmt.Errorf("insert payment inbox row: %w", err)
 		}
-		if tag.RowsAffected() == 0 {
+		recorded = tag.RowsAffected() == 1
+		if !recorded {
 			o, err = orderGetForUpdate(ctx, tx, tenantID, orderID)
 			return err
 		}
@@ -137,7 +146,7 @@ func recordOutcome(ctx context.Context, db postgres.DB, consumer string, eventID
 		return nil
 	})
 	if err != nil {
-		return domain.Order{}, err
+		return domain.Order{}, false, err
 	}
-	return o, nil
+	return o, recorded, nil
 }

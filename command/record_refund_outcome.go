@@ -51,9 +51,18 @@ func NewRecordRefundOutcomeHandler(db postgres.DB) RecordRefundOutcomeHandler {
 // the inbox row exists), records a stale outcome's row without moving the
 // order, and returns KindConflict (nothing written) for a succeeded refund
 // that does not match the order's total and currency.
+// HandleRecorded does the same and also tells whether this call recorded.
 func (h RecordRefundOutcomeHandler) Handle(ctx context.Context, cmd RecordRefundOutcome) (domain.Order, error) {
+	o, _, err := h.HandleRecorded(ctx, cmd)
+	return o, err
+}
+
+// HandleRecorded is Handle, and reports whether this call recorded the
+// outcome (false: an earlier delivery or a racing copy recorded it, and
+// this call wrote nothing).
+func (h RecordRefundOutcomeHandler) HandleRecorded(ctx context.Context, cmd RecordRefundOutcome) (o domain.Order, recorded bool, err error) {
 	if err := cmd.Validate(); err != nil {
-		return domain.Order{}, err
+		return domain.Order{}, false, err
 	}
 	status := "succeeded"
 	if !cmd.Refund.Succeeded {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
@@ -28,6 +29,8 @@ const (
 type result struct {
 	verdict verdict
 	err     error
+	// timing is set when this delivery recorded the outcome.
+	timing *Timing
 }
 
 // settle charges or refunds the intent in data for consumer and records
@@ -36,11 +39,11 @@ type result struct {
 func (w *Worker) settle(ctx context.Context, consumer string, data []byte, redelivered bool) result {
 	env, err := domain.DecodeEnvelope(data)
 	if err != nil {
-		return result{dead, err}
+		return result{verdict: dead, err: err}
 	}
 	recorded, err := w.recorded(ctx, consumer, env.ID)
 	if err != nil {
-		return result{retry, err}
+		return result{verdict: retry, err: err}
 	}
 	if recorded {
 		w.stats.duplicate(consumer)
@@ -52,7 +55,7 @@ func (w *Worker) settle(ctx context.Context, consumer string, data []byte, redel
 	case consumer == RefundConsumer && env.Type == domain.TypeRefundRequested:
 		return w.refund(ctx, env)
 	}
-	return result{dead, fmt.Errorf("%w: consumer %s cannot settle a %s event", domain.ErrMalformedEvent, consumer, env.Type)}
+	return result{verdict: dead, err: fmt.Errorf("%w: consumer %s cannot settle a %s event", domain.ErrMalformedEvent, consumer, env.Type)}
 }
 
 // recorded reports whether consumer recorded the outcome of event id.
@@ -69,10 +72,10 @@ func (w *Worker) recorded(ctx context.Context, consumer string, id uuid.UUID) (b
 // dead-lettered, everything else (transient, timeouts) retried.
 func (w *Worker) providerResult(consumer string, err error) result {
 	if errors.Is(err, payment.ErrPermanent) {
-		return result{dead, err}
+		return result{verdict: dead, err: err}
 	}
 	w.stats.transient(consumer)
-	return result{retry, err}
+	return result{verdict: retry, err: err}
 }
 
 // recordResult classifies an error of a record command: a refusal no retry
@@ -80,9 +83,9 @@ func (w *Worker) providerResult(consumer string, err error) result {
 func recordResult(err error) result {
 	switch domain.KindOf(err) {
 	case domain.KindInvalid, domain.KindNotFound, domain.KindConflict:
-		return result{dead, err}
+		return result{verdict: dead, err: err}
 	}
-	return result{retry, err}
+	return result{verdict: retry, err: err}
 }
 
 func (w *Worker) afterProviderCall(ctx context.Context, consumer string, id uuid.UUID) error {
@@ -95,17 +98,18 @@ func (w *Worker) afterProviderCall(ctx context.Context, consumer string, id uuid
 func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bool) result {
 	var req domain.PaymentRequested
 	if err := env.Decode(&req); err != nil {
-		return result{dead, err}
+		return result{verdict: dead, err: err}
 	}
 	if req.Attempt < 1 || req.PaymentKey != domain.ChargeKey(env.TenantID, env.AggregateID, req.Attempt) ||
 		req.Amount <= 0 || !domain.ValidCurrency(req.Currency) || req.PaymentMethod == "" {
-		return result{dead, fmt.Errorf("%w: payment.requested %s: attempt %d, key %q, amount %d %q, method %q do not make a charge",
+		return result{verdict: dead, err: fmt.Errorf("%w: payment.requested %s: attempt %d, key %q, amount %d %q, method %q do not make a charge",
 			domain.ErrMalformedEvent, env.ID, req.Attempt, req.PaymentKey, req.Amount, req.Currency, req.PaymentMethod)}
 	}
 	var (
 		ch    payment.Charge
 		found bool
 		err   error
+		start = time.Now()
 	)
 	if redelivered {
 		// The key makes the provider replay its charge for 24 h; a
@@ -118,6 +122,7 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 	}
 	if !found {
 		cctx, span := tracing.StartChild(ctx, "charge", trace.WithSpanKind(trace.SpanKindClient))
+		start = time.Now() // the charge, not the look-up that found none
 		ch, err = w.provider.Charge(cctx, payment.ChargeRequest{
 			IdempotencyKey: req.PaymentKey, Amount: req.Amount, Currency: req.Currency, PaymentMethod: req.PaymentMethod,
 			Metadata: map[string]string{"tenant_id": env.TenantID, "order_id": env.AggregateID.String(), "attempt": strconv.Itoa(req.Attempt)},
@@ -128,8 +133,9 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 			return w.providerResult(ChargeConsumer, fmt.Errorf("charge %s: %w", req.PaymentKey, err))
 		}
 	}
+	timing := Timing{Provider: time.Since(start)}
 	if err := w.afterProviderCall(ctx, ChargeConsumer, env.ID); err != nil {
-		return result{abandon, err}
+		return result{verdict: abandon, err: err}
 	}
 	out := command.ChargeOutcome{ChargeID: ch.ID, Amount: ch.Amount, Currency: ch.Currency,
 		Succeeded: ch.Status == payment.ChargeSucceeded, DeclineCode: ch.DeclineCode, Reason: ch.DeclineReason}
@@ -137,27 +143,33 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 		// A decline may come without the amount; it is the request's.
 		out.Amount, out.Currency = req.Amount, req.Currency
 	}
-	_, err = command.NewRecordChargeOutcomeHandler(w.db).Handle(ctx, command.RecordChargeOutcome{
+	start = time.Now()
+	_, wrote, err := command.NewRecordChargeOutcomeHandler(w.db).HandleRecorded(ctx, command.RecordChargeOutcome{
 		TenantID: env.TenantID, OrderID: env.AggregateID, Attempt: req.Attempt, Consumer: ChargeConsumer, EventID: env.ID, Charge: out,
 	})
 	if err != nil {
 		return recordResult(fmt.Errorf("record charge %s (%s): %w", req.PaymentKey, ch.ID, err))
 	}
+	if !wrote { // a racing copy recorded it
+		w.stats.duplicate(ChargeConsumer)
+		return result{verdict: done}
+	}
 	w.afterRecord()
 	w.stats.charged(out.Succeeded)
-	return result{verdict: done}
+	return recorded(env, timing, start)
 }
 
 func (w *Worker) refund(ctx context.Context, env domain.Envelope) result {
 	var req domain.RefundRequested
 	if err := env.Decode(&req); err != nil {
-		return result{dead, err}
+		return result{verdict: dead, err: err}
 	}
 	if req.Attempt < 1 || req.RefundKey != domain.RefundKey(env.TenantID, env.AggregateID, req.Attempt) ||
 		req.Amount <= 0 || !domain.ValidCurrency(req.Currency) || req.ChargeID == "" {
-		return result{dead, fmt.Errorf("%w: refund.requested %s: attempt %d, key %q, amount %d %q, charge %q do not make a refund",
+		return result{verdict: dead, err: fmt.Errorf("%w: refund.requested %s: attempt %d, key %q, amount %d %q, charge %q do not make a refund",
 			domain.ErrMalformedEvent, env.ID, req.Attempt, req.RefundKey, req.Amount, req.Currency, req.ChargeID)}
 	}
+	start := time.Now()
 	rctx, span := tracing.StartChild(ctx, "refund", trace.WithSpanKind(trace.SpanKindClient))
 	rf, err := w.provider.Refund(rctx, payment.RefundRequest{IdempotencyKey: req.RefundKey, ChargeID: req.ChargeID, Amount: req.Amount})
 	tracing.Fail(span, err)
@@ -165,23 +177,37 @@ func (w *Worker) refund(ctx context.Context, env domain.Envelope) result {
 	if err != nil {
 		return w.providerResult(RefundConsumer, fmt.Errorf("refund %s: %w", req.RefundKey, err))
 	}
+	timing := Timing{Provider: time.Since(start)}
 	if err := w.afterProviderCall(ctx, RefundConsumer, env.ID); err != nil {
-		return result{abandon, err}
+		return result{verdict: abandon, err: err}
 	}
 	out := command.RefundOutcome{RefundID: rf.ID, Amount: rf.Amount, Currency: rf.Currency,
 		Succeeded: rf.Status == payment.RefundSucceeded, Reason: rf.FailureReason}
 	if out.Currency == "" {
 		out.Currency = req.Currency
 	}
-	_, err = command.NewRecordRefundOutcomeHandler(w.db).Handle(ctx, command.RecordRefundOutcome{
+	start = time.Now()
+	_, wrote, err := command.NewRecordRefundOutcomeHandler(w.db).HandleRecorded(ctx, command.RecordRefundOutcome{
 		TenantID: env.TenantID, OrderID: env.AggregateID, Attempt: req.Attempt, Consumer: RefundConsumer, EventID: env.ID, Refund: out,
 	})
 	if err != nil {
 		return recordResult(fmt.Errorf("record refund %s (%s): %w", req.RefundKey, rf.ID, err))
 	}
+	if !wrote { // a racing copy recorded it
+		w.stats.duplicate(RefundConsumer)
+		return result{verdict: done}
+	}
 	w.afterRecord()
 	w.stats.refunded(out.Succeeded)
-	return result{verdict: done}
+	return recorded(env, timing, start)
+}
+
+// recorded is the result of an outcome of env recorded now by a
+// transaction that began at recordStart.
+func recorded(env domain.Envelope, t Timing, recordStart time.Time) result {
+	now := time.Now()
+	t.Record, t.Settled = now.Sub(recordStart), now.Sub(env.OccurredAt)
+	return result{verdict: done, timing: &t}
 }
 
 // afterRecord calls Config.AfterRecord, if set.

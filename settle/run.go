@@ -153,6 +153,9 @@ func (w *Worker) process(ctx context.Context, consumer string, m jetstream.Msg) 
 	tracing.Fail(span, r.err)
 	switch r.verdict {
 	case done:
+		if r.timing != nil && w.cfg.Observe != nil {
+			w.cfg.Observe(consumer, *r.timing)
+		}
 		if err := m.Ack(); err != nil {
 			w.logger.WarnContext(ctx, "ack (the intent will be redelivered and found recorded)", "consumer", consumer, "stream_seq", seq, "err", err)
 		}

@@ -108,6 +108,24 @@ type Config struct {
 	// wakes the relays with it (a coalesced NOTIFY, postgres.Notifier). It
 	// must not block.
 	AfterRecord func()
+	// Observe, when set, takes the timings of each outcome this process
+	// recorded (not of a redelivery found recorded before), with the
+	// consumer that settled it (ChargeConsumer or RefundConsumer). It must
+	// not block.
+	Observe func(consumer string, t Timing)
+}
+
+// Timing is how long one settled intent took, in its parts.
+type Timing struct {
+	// Provider is the provider's answer: the call (or, on a redelivery,
+	// the look-up of the charge its key made), with the adapter's retries.
+	Provider time.Duration
+	// Record is the transaction recording the outcome.
+	Record time.Duration
+	// Settled is from the intent's event (its OccurredAt, the api's clock)
+	// to its outcome committed: the relay, the queue before the worker,
+	// the provider and the recording.
+	Settled time.Duration
 }
 
 // Validate reports the first invalid field of c (after defaults), naming it.

@@ -356,3 +356,54 @@ func TestPermanentFailureIsDeadLetteredAndRetried(t *testing.T) {
 		t.Fatalf("order %s", s)
 	}
 }
+
+// Observe gets the timings of each outcome recorded once, however many
+// copies of its intent arrive: a copy found recorded (before the provider
+// call or, racing, after it) is neither timed nor counted again (racing
+// copies used to count a charge three times). The provider's added
+// latency shows in the provider part, and the whole is at least its parts.
+func TestObserveTimesEachRecordedOutcomeOnce(t *testing.T) {
+	t.Parallel()
+	const latency = 100 * time.Millisecond
+	r := newRig(t, fakepsp.Faults{LatencyMS: int(latency / time.Millisecond)})
+	var mu sync.Mutex
+	timings := map[string][]settle.Timing{}
+	w, _ := r.start(t, settle.Config{Observe: func(consumer string, tm settle.Timing) {
+		mu.Lock()
+		defer mu.Unlock()
+		timings[consumer] = append(timings[consumer], tm)
+	}})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 2)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.cancel(t, id)
+	r.publish(t, id, domain.TypeRefundRequested, 2)
+	testenv.Eventually(t, 15*time.Second, "refund succeeded", func() bool { _, rf, _ := r.get(t, id); return rf == "succeeded" })
+	for _, name := range []string{settle.ChargeConsumer, settle.RefundConsumer} {
+		testenv.Eventually(t, 15*time.Second, "every copy acked by "+name, func() bool {
+			c, err := r.js.Consumer(context.Background(), stream.Name, name)
+			if err != nil {
+				return false
+			}
+			info, err := c.Info(context.Background())
+			return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+		})
+	}
+	// The counters, like the timings, count each outcome once.
+	if s := w.Stats(); s.ChargesSucceeded != 1 || s.RefundsSucceeded != 1 || s.Duplicates != 4 {
+		t.Fatalf("stats %+v: want 1 charge, 1 refund, 4 copies found recorded", s)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, name := range []string{settle.ChargeConsumer, settle.RefundConsumer} {
+		got := timings[name]
+		if len(got) != 1 {
+			t.Fatalf("%s: %d timings for one intent delivered 3 times, want 1: %+v", name, len(got), got)
+		}
+		tm := got[0]
+		if tm.Provider < latency || tm.Record <= 0 || tm.Settled < tm.Provider+tm.Record {
+			t.Fatalf("%s: timing %+v: want provider ≥ %s (its added latency), record > 0, settled ≥ provider + record", name, tm, latency)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/acme/orders/health"
@@ -179,6 +180,8 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	go func() { defer close(notified); notifier.Run(notifyCtx) }()
 	defer func() { stopNotifier(); <-notified }() // after the last outcome
 	cfg.AfterRecord = notifier.Notify
+	timings := newSettleTimings()
+	cfg.Observe = timings.observe
 	w, err := settle.New(pool, js, provider, logger, cfg)
 	if err != nil {
 		return err
@@ -202,6 +205,7 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	if err := metrics.Register(reg, workerMetrics(w)...); err != nil {
 		return err
 	}
+	reg.MustRegister(timings.provider, timings.record, timings.settled)
 	mux.Method(http.MethodGet, "/metrics", metrics.Handler(reg))
 	g.Go(func() error { return Serve(gctx, *httpAddr, mux, logger, WorkerShutdownTimeout) })
 	var stopping atomic.Int64
@@ -283,6 +287,32 @@ func redactURL(s string) string {
 	return u.Redacted()
 }
 
+// settleTimings are the worker's latency histograms, by kind (charge,
+// refund): where an intent's time goes, from its event to its outcome.
+type settleTimings struct{ provider, record, settled *prometheus.HistogramVec }
+
+func newSettleTimings() settleTimings {
+	vec := func(name, help string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(metrics.HistogramOpts(name, help, metrics.LatencyBuckets), []string{"kind"})
+	}
+	return settleTimings{
+		provider: vec("payment_provider_seconds", "the provider's answer to one intent (the call with the adapter's retries, or a redelivery's look-up by key)"),
+		record:   vec("payment_record_seconds", "the transaction recording one outcome (order, charge or refund row, inbox row, outbox event)"),
+		settled: vec("payment_intent_to_recorded_seconds",
+			"from an intent's event (the api's clock) to its outcome committed: relay, queue, provider and recording"),
+	}
+}
+
+func (t settleTimings) observe(consumer string, tm settle.Timing) {
+	kind := "charge"
+	if consumer == settle.RefundConsumer {
+		kind = "refund"
+	}
+	t.provider.WithLabelValues(kind).Observe(tm.Provider.Seconds())
+	t.record.WithLabelValues(kind).Observe(tm.Record.Seconds())
+	t.settled.WithLabelValues(kind).Observe(tm.Settled.Seconds())
+}
+
 // workerMetrics are the worker's counters, read at scrape time.
 func workerMetrics(w *settle.Worker) []metrics.Metric {
 	kinds := func(f func(settle.Stats) (charge, refund int64)) func() []metrics.Sample {
@@ -307,7 +337,7 @@ func workerMetrics(w *settle.Worker) []metrics.Metric {
 			Read: kinds(func(s settle.Stats) (int64, int64) { return s.ChargeTransient, s.RefundTransient })},
 		{Name: "payment_dead_lettered_total", Help: "intents dead-lettered by this process", Counter: true, Labels: []string{"kind"},
 			Read: kinds(func(s settle.Stats) (int64, int64) { return s.ChargeDeadLettered, s.RefundDeadLettered })},
-		{Name: "payment_duplicates_skipped_total", Help: "deliveries of intents already recorded (acked without calling the provider)", Counter: true,
+		{Name: "payment_duplicates_skipped_total", Help: "deliveries of intents found already recorded (most before the provider call; a racing copy after it, its answer the same charge by key)", Counter: true,
 			Read: metrics.One(func() int64 { return w.Stats().Duplicates })},
 	}
 }

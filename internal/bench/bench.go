@@ -238,6 +238,12 @@ func (r *runner) payToPaid(ctx context.Context, maxCreate float64) error {
 	if len(ids) == 0 {
 		return errors.New("pay → paid: no orders to pay")
 	}
+	r.add(r.profiled(ctx, "pay → paid", func() Row { return r.pays(ctx, ids, maxCreate) }))
+	return nil
+}
+
+// pays is payToPaid's measurement.
+func (r *runner) pays(ctx context.Context, ids []string, maxCreate float64) Row {
 	var mu sync.Mutex
 	var lat []time.Duration
 	accepted, notPaid, failed := 0, 0, 0
@@ -272,8 +278,7 @@ func (r *runner) payToPaid(ctx context.Context, maxCreate float64) error {
 	if failed > 0 || notPaid > 0 {
 		row.Note += fmt.Sprintf("; %d of %d pays not 202, %d not read back paid", failed, sent, notPaid)
 	}
-	r.add(row)
-	return nil
+	return row
 }
 
 // pace calls fn(1), fn(2), … each in a goroutine of its own, open loop at

@@ -156,7 +156,7 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 	}
 	w.afterRecord()
 	w.stats.charged(out.Succeeded)
-	return recorded(env, timing, start)
+	return recordedNow(env, timing, start)
 }
 
 func (w *Worker) refund(ctx context.Context, env domain.Envelope) result {
@@ -199,14 +199,18 @@ func (w *Worker) refund(ctx context.Context, env domain.Envelope) result {
 	}
 	w.afterRecord()
 	w.stats.refunded(out.Succeeded)
-	return recorded(env, timing, start)
+	return recordedNow(env, timing, start)
 }
 
-// recorded is the result of an outcome of env recorded now by a
-// transaction that began at recordStart.
-func recorded(env domain.Envelope, t Timing, recordStart time.Time) result {
+// recordedNow is the result of an outcome of env recorded now by a
+// transaction that began at recordStart. Settled is left 0 when the event
+// has no time, or one ahead of this clock.
+func recordedNow(env domain.Envelope, t Timing, recordStart time.Time) result {
 	now := time.Now()
-	t.Record, t.Settled = now.Sub(recordStart), now.Sub(env.OccurredAt)
+	t.Record = now.Sub(recordStart)
+	if !env.OccurredAt.IsZero() && now.After(env.OccurredAt) {
+		t.Settled = now.Sub(env.OccurredAt)
+	}
 	return result{verdict: done, timing: &t}
 }
 

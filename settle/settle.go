@@ -124,7 +124,8 @@ type Timing struct {
 	Record time.Duration
 	// Settled is from the intent's event (its OccurredAt, the api's clock)
 	// to its outcome committed: the relay, the queue before the worker,
-	// the provider and the recording.
+	// the provider and the recording; 0 if the event carries no time or
+	// one ahead of this process's clock.
 	Settled time.Duration
 }
 

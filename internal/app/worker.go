@@ -310,7 +310,9 @@ func (t settleTimings) observe(consumer string, tm settle.Timing) {
 	}
 	t.provider.WithLabelValues(kind).Observe(tm.Provider.Seconds())
 	t.record.WithLabelValues(kind).Observe(tm.Record.Seconds())
-	t.settled.WithLabelValues(kind).Observe(tm.Settled.Seconds())
+	if tm.Settled > 0 {
+		t.settled.WithLabelValues(kind).Observe(tm.Settled.Seconds())
+	}
 }
 
 // workerMetrics are the worker's counters, read at scrape time.

@@ -87,7 +87,11 @@ func lastLine(path string) string {
 	}
 	n, _ := io.ReadFull(f, buf)
 	lines := strings.Split(strings.TrimSpace(string(buf[:n])), "\n")
-	return strings.TrimSpace(lines[len(lines)-1])
+	line := strings.TrimSpace(lines[len(lines)-1])
+	if len(line) > 300 {
+		line = line[:300] + "…"
+	}
+	return line
 }
 
 // run runs a command in the module's root, its output to the log file
@@ -295,10 +299,11 @@ func (s *stack) start(p *proc, extraEnv []string, expectExit bool) error {
 	go func(exited chan struct{}) {
 		_ = cmd.Wait()
 		f.Close()
+		last := lastLine(f.Name()) // before the lock: a file read
 		s.mu.Lock()
 		if !p.killedBy {
 			p.crashes++
-			p.lastExit = fmt.Sprintf("%s: %q", cmd.ProcessState, lastLine(f.Name()))
+			p.lastExit = fmt.Sprintf("%s: %q", cmd.ProcessState, last)
 			s.log.Error("process exited on its own", "process", p.name, "state", cmd.ProcessState.String())
 		}
 		s.mu.Unlock()

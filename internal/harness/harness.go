@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -27,33 +28,58 @@ import (
 // connection lives. Ports below the range are never picked that way.
 func FreePort() (int, error) {
 	lo, hi := freePortRange()
+	portsMu.Lock()
+	defer portsMu.Unlock()
 	var last error
 	for range 100 {
 		port := lo + rand.IntN(hi-lo)
+		if portsGiven[port] {
+			continue // free now, but another caller of this process has it
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			last = err
 			continue
 		}
 		l.Close()
+		portsGiven[port] = true
 		return port, nil
 	}
-	return 0, fmt.Errorf("no free port in [%d, %d) after 100 tries: %w", lo, hi, last)
+	return 0, fmt.Errorf("no free port in [%d, %d) after 100 tries: %v", lo, hi, last)
 }
 
-// freePortRange is where FreePort picks: from 10000 up to the first port
-// of the ephemeral range (net.ipv4.ip_local_port_range, 32768 by default).
+// portsGiven are the ports FreePort returned in this process: a stack
+// asks for a dozen before it starts anything, so "free a moment ago" alone
+// could hand one out twice.
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// freePortRange is where FreePort picks: a stretch of at least 1000 ports
+// outside the ephemeral range (net.ipv4.ip_local_port_range): from 10000 up
+// to its first port (32768 by default), else above its last.
 func freePortRange() (lo, hi int) {
-	lo, hi = 10000, 32768
+	first, last := ephemeralRange()
+	switch {
+	case first-10000 >= 1000:
+		return 10000, first
+	case 65536-(last+1) >= 1000:
+		return last + 1, 65536
+	}
+	return 10000, 32768 // the range covers nearly everything: the best there is
+}
+
+// ephemeralRange is the kernel's range of local ports for outgoing
+// connections (Linux's default when it cannot be read).
+func ephemeralRange() (first, last int) {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return lo, hi
+	if err == nil {
+		if n, _ := fmt.Sscan(string(b), &first, &last); n == 2 && first > 0 && last >= first {
+			return first, last
+		}
 	}
-	var first, last int
-	if n, _ := fmt.Sscan(string(b), &first, &last); n == 2 && first > lo+1000 {
-		hi = first
-	}
-	return lo, hi
+	return 32768, 60999
 }
 
 // Run runs name with args in dir to completion, appending its output to

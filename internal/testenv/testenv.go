@@ -177,14 +177,14 @@ func NATS(tb testing.TB) *server.Server {
 	if err != nil {
 		tb.Fatalf("new nats server: %v", err)
 	}
+	tb.Cleanup(func() { // registered first, so a failed start is shut down too
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
 	go ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		tb.Fatal("embedded nats server did not start within 10s")
 	}
-	tb.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
 	return ns
 }
 

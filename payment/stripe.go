@@ -112,7 +112,9 @@ func NewStripe(cfg Config) (*Stripe, error) {
 
 // Charge creates and confirms a PaymentIntent for r with r.IdempotencyKey
 // (also stored in its metadata as MetadataIdempotencyKey). A declined card
-// is a Charge with Status ChargeDeclined, not an error. Errors wrap
+// is a Charge with Status ChargeDeclined, not an error, and so is a payment
+// method the provider refuses (400 on payment_method: unknown, unusable;
+// the Charge then has no ID). Errors wrap
 // ErrTransient or ErrPermanent. Calling it again with the same request is
 // safe: the provider replays its first answer.
 func (s *Stripe) Charge(ctx context.Context, r ChargeRequest) (Charge, error) {
@@ -140,6 +142,15 @@ func (s *Stripe) Charge(ctx context.Context, r ChargeRequest) (Charge, error) {
 		var se *stripe.Error
 		if errors.As(err, &se) && se.Type == stripe.ErrorTypeCard && se.PaymentIntent != nil {
 			return chargeOf(se.PaymentIntent, se), nil // declined: an outcome
+		}
+		if errors.As(err, &se) && se.HTTPStatusCode == http.StatusBadRequest &&
+			se.Type == stripe.ErrorTypeInvalidRequest && se.Param == "payment_method" {
+			// An unknown or unusable payment method: the provider made
+			// nothing, and only the customer can fix it (another method, in
+			// a new attempt). An outcome too; dead-lettering it would leave
+			// the order payment_pending for good.
+			return Charge{Amount: r.Amount, Currency: r.Currency, Status: ChargeDeclined,
+				DeclineCode: string(se.Code), DeclineReason: se.Msg}, nil
 		}
 		return Charge{}, classify("create payment intent", err)
 	}

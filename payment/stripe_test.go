@@ -161,21 +161,37 @@ func TestSameKeyOtherParamsIsPermanent(t *testing.T) {
 	require.Len(t, fakepsptest.Ledger(t, srv).Charges, 1)
 }
 
-func TestInvalidRequestIsPermanent(t *testing.T) {
+// A payment method the provider does not know is the customer's to fix
+// (pay again with another): a decline, not an error to dead-letter, which
+// left the order payment_pending for good. Nothing is made, so nothing is
+// stored under the key: corrected, the same key charges.
+func TestUnknownPaymentMethodIsADecline(t *testing.T) {
 	t.Parallel()
 	srv, s := start(t, payment.Config{})
 	r := chargeReq("k")
 	r.PaymentMethod = "pm_card_unknown"
-	_, err := s.Charge(context.Background(), r)
-	require.ErrorIs(t, err, payment.ErrPermanent)
-	require.Contains(t, err.Error(), "resource_missing")
-	require.Empty(t, fakepsptest.Ledger(t, srv).Charges)
-
-	// A refused request is not stored under its key: corrected, it runs.
-	r.PaymentMethod = "pm_card_visa"
 	c, err := s.Charge(context.Background(), r)
 	require.NoError(t, err)
+	require.Equal(t, payment.Charge{Amount: 1250, Currency: "EUR", Status: payment.ChargeDeclined,
+		DeclineCode: "resource_missing", DeclineReason: "No such PaymentMethod: 'pm_card_unknown'"}, c)
+	require.Empty(t, fakepsptest.Ledger(t, srv).Charges)
+
+	r.PaymentMethod = "pm_card_visa"
+	c, err = s.Charge(context.Background(), r)
+	require.NoError(t, err)
 	require.Equal(t, payment.ChargeSucceeded, c.Status)
+}
+
+// Any other refused request is ours to fix: permanent, dead-lettered.
+func TestInvalidRequestIsPermanent(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{})
+	r := chargeReq("k")
+	r.Currency = "E1R"
+	_, err := s.Charge(context.Background(), r)
+	require.ErrorIs(t, err, payment.ErrPermanent)
+	require.Contains(t, err.Error(), "parameter_invalid_string")
+	require.Empty(t, fakepsptest.Ledger(t, srv).Charges)
 }
 
 // TestLostResponseIsRecoveredWithTheSameKey: the provider commits the

@@ -407,3 +407,30 @@ func TestObserveTimesEachRecordedOutcomeOnce(t *testing.T) {
 		}
 	}
 }
+
+// A payment method the provider does not know fails the payment (the
+// customer can pay again with another) instead of being dead-lettered,
+// which left the order payment_pending with nothing able to move it.
+func TestUnknownPaymentMethodFailsThePaymentAndAnotherPays(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	w, _ := r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, "pm_nonexist")
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "payment_failed", 15*time.Second)
+	var reason string
+	if err := r.db.QueryRow(context.Background(), `SELECT payment->>'decline_code' FROM orders WHERE id = $1`, id).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if reason != "resource_missing" {
+		t.Fatalf("decline code %q, want resource_missing", reason)
+	}
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+	if s := w.Stats(); s.ChargeDeadLettered != 0 || s.ChargesDeclined != 1 || s.ChargesSucceeded != 1 {
+		t.Fatalf("stats %+v, want one decline, one success, no dead letter", s)
+	}
+}

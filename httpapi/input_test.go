@@ -71,6 +71,59 @@ func TestOtherCharsetsAreRefused(t *testing.T) {
 	}
 }
 
+// A body that is not Unicode text in UTF-8 is refused, not taken with
+// U+FFFD in place of what was sent: invalid UTF-8, UTF-16 (its NUL bytes)
+// and escaped lone surrogates. encoding/json used to store "a\xffb" as
+// "a\ufffdb", and replayed one key's response to four different bodies. A
+// surrogate pair, an escaped backslash before "ud800", and U+FFFD itself
+// are text and pass.
+func TestBodiesThatAreNotUnicodeTextAreRefused(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	version := 1
+	patch := func(key, note string) response {
+		return a.do(t, http.MethodPatch, "/v1/orders/"+id, map[string]string{"Idempotency-Key": key, "If-Match": `"` + strconv.Itoa(version) + `"`},
+			`{"note":"`+note+`"}`)
+	}
+	for _, tt := range []struct {
+		name, note string
+		status     int
+		typ        string
+	}{
+		{"invalid UTF-8", "a\xffb", 415, "unsupported-media-type"},
+		{"overlong encoding", "a\xc0\xafb", 415, "unsupported-media-type"},
+		{"NUL byte", "a\x00b", 415, "unsupported-media-type"},
+		{"lone high surrogate", `x\ud800y`, 400, "malformed-request"},
+		{"lone low surrogate", `x\uDFFFy`, 400, "malformed-request"},
+		{"high surrogate at the end", `x\ud800`, 400, "malformed-request"},
+		{"reversed pair", `\udc00\ud800`, 400, "malformed-request"},
+	} {
+		expectProblem(t, tt.name, patch("k-"+tt.name, tt.note), tt.status, tt.typ, "")
+	}
+	for _, tt := range []struct{ name, note, want string }{
+		{"surrogate pair", `\ud83d\ude00`, "😀"},
+		{"escaped backslash before ud800", `\\ud800`, `\ud800`},
+		{"U+FFFD sent as such", `x\ufffdy`, "x\ufffdy"},
+	} {
+		res := patch("ok-"+tt.name, tt.note)
+		if res.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", tt.name, res.status, res.body)
+		}
+		var note string
+		if err := a.db.QueryRow(context.Background(), `SELECT note FROM orders WHERE id = $1`, id).Scan(&note); err != nil {
+			t.Fatal(err)
+		}
+		if note != tt.want {
+			t.Fatalf("%s: stored note %q, want %q", tt.name, note, tt.want)
+		}
+		version++
+	}
+	if keys, orders, _, _ := a.counts(t); keys != 4 || orders != 1 {
+		t.Fatalf("keys=%d orders=%d, want 4 keys (the create, three text notes) and 1 order", keys, orders)
+	}
+}
+
 // Path parameters are decoded exactly once: %2F is a '/', %41 an 'A', %25
 // a '%', whichever parameter they are in.
 func TestPathParametersAreDecodedOnce(t *testing.T) {

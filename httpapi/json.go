@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/acme/orders/domain"
 )
@@ -45,6 +46,9 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err == nil {
+		if p := checkUnicode(body); p != nil {
+			return p
+		}
 		if len(bytes.TrimSpace(body)) == 0 {
 			err = io.EOF
 		} else {
@@ -90,6 +94,78 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	default:
 		return bad("The body could not be read as JSON: " + err.Error() + ".")
 	}
+}
+
+// checkUnicode refuses a body that is not Unicode text in UTF-8, which
+// encoding/json would otherwise take with each bad sequence, and each
+// escaped lone surrogate (\ud800), replaced by U+FFFD: stored text nobody
+// sent, and different requests with one fingerprint. Invalid UTF-8 or a NUL
+// byte (UTF-16 and UTF-32 have them; JSON text never does) is 415; a lone
+// surrogate, valid JSON syntax but no character, is 400.
+func checkUnicode(body []byte) *Problem {
+	if i := bytes.IndexByte(body, 0); i >= 0 || !utf8.Valid(body) {
+		if i < 0 {
+			i = invalidUTF8At(body)
+		}
+		return problem(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+			fmt.Sprintf("The body is not UTF-8 (at byte %d); send JSON in UTF-8.", i))
+	}
+	for i := 0; i < len(body); i++ {
+		if body[i] != '\\' || i+1 >= len(body) {
+			continue
+		}
+		i++ // the escaped character: skipped, so "\\u…" is no escape
+		if body[i] != 'u' || i+5 > len(body) {
+			continue
+		}
+		hi, ok := hex4(body[i+1 : i+5])
+		if !ok || hi < 0xD800 || hi > 0xDFFF {
+			continue
+		}
+		start := i - 1
+		i += 4
+		if hi <= 0xDBFF && i+6 < len(body) && body[i+1] == '\\' && body[i+2] == 'u' {
+			if lo, ok := hex4(body[i+3 : i+7]); ok && lo >= 0xDC00 && lo <= 0xDFFF {
+				i += 6 // a surrogate pair: one character
+				continue
+			}
+		}
+		p := problem(http.StatusBadRequest, "malformed-request", "Malformed request body",
+			fmt.Sprintf("The body escapes a lone surrogate (%s at byte %d), which is no Unicode character.", body[start:start+6], start))
+		return p
+	}
+	return nil
+}
+
+// invalidUTF8At is the offset of the first byte of body that is not part
+// of valid UTF-8.
+func invalidUTF8At(body []byte) int {
+	for i := 0; i < len(body); {
+		r, n := utf8.DecodeRune(body[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return len(body)
+}
+
+// hex4 parses four hex digits.
+func hex4(b []byte) (rune, bool) {
+	var r rune
+	for _, c := range b {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 func jsonTypeName(goKind string) string {

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -71,6 +72,13 @@ func TestLifecycleOverHTTP(t *testing.T) {
 	}
 	if r := step(http.MethodPatch, "", "patch-1", patch, map[string]string{"If-Match": `"2"`}); r.status != http.StatusPreconditionFailed {
 		t.Fatalf("PATCH with a stale If-Match: %d %s", r.status, r.body)
+	}
+	// Strong comparison: the ETag's exact text, not a number that parses
+	// the same (these were taken as version 3).
+	for i, tag := range []string{`"03"`, `"+3"`, `"003"`, `W/"3"`, `"3`, `3`, `""3""`} {
+		if r := step(http.MethodPatch, "", "patch-tag-"+strconv.Itoa(i), patch, map[string]string{"If-Match": tag}); r.status != http.StatusPreconditionFailed {
+			t.Fatalf("PATCH with If-Match %s (the ETag is \"3\"): %d %s", tag, r.status, r.body)
+		}
 	}
 	patched := step(http.MethodPatch, "", "patch-2", patch, map[string]string{"If-Match": `"3"`})
 	if o := decodeOrder(t, patched); patched.status != 200 || o.Version != 4 || o.Note != "ring twice" || o.ShippingAddress == nil ||

@@ -304,8 +304,17 @@ func ifMatchVersion(r *http.Request) (int64, *Problem) {
 		return 0, problem(http.StatusPreconditionRequired, "if-match-required", "If-Match required",
 			`Send If-Match with the ETag of the order version you are changing, e.g. If-Match: "3".`)
 	}
-	n, err := strconv.ParseInt(strings.Trim(v, `"`), 10, 64)
-	if err != nil || n < 1 || len(v) < 3 || v[0] != '"' || v[len(v)-1] != '"' {
+	// Strong comparison (RFC 9110, 8.8.3.2): the tag must be the ETag's
+	// exact text, so "01" or "+1" is not "1".
+	var n int64
+	var err error
+	if len(v) >= 3 && v[0] == '"' && v[len(v)-1] == '"' {
+		inner := v[1 : len(v)-1]
+		if n, err = strconv.ParseInt(inner, 10, 64); err == nil && strconv.FormatInt(n, 10) != inner {
+			err = strconv.ErrSyntax
+		}
+	}
+	if err != nil || n < 1 {
 		return 0, problem(http.StatusPreconditionFailed, "precondition-failed", "Precondition failed",
 			`If-Match must be one strong ETag of this order, such as "3".`)
 	}

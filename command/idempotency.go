@@ -44,6 +44,11 @@ type Response struct {
 	Status int
 	Header map[string]string
 	Body   []byte
+	// Unstored sends the response without storing it under the key (the
+	// transaction rolls back, the key stays free): for a refusal by a state
+	// that passes, so that a retry with the same key runs again instead of
+	// replaying "retry later" for the key's lifetime.
+	Unstored bool
 }
 
 // Result is what Do returns: the response, whether it is a replay of an
@@ -283,9 +288,9 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 				if resp.Status < 200 || resp.Status >= 500 || resp.Status == http.StatusTooManyRequests {
 					return fmt.Errorf("executor returned status %d, which is never stored", resp.Status)
 				}
-				if resp.Status == http.StatusNotFound {
-					// Nothing it names exists: nothing was touched, and a
-					// retry gets the same answer without a stored key.
+				if resp.Status == http.StatusNotFound || resp.Unstored {
+					// Nothing it names exists, or it was refused for now:
+					// nothing was touched, and a retry runs again.
 					res = Result{Response: resp}
 					return errUnstored
 				}

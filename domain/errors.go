@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // ErrorKind classifies a domain error so that adapters can map it to their own
@@ -45,6 +46,12 @@ type Error struct {
 	// State is the resource's current state, for a KindConflict or
 	// KindPreconditionFailed error (for example the order's status).
 	State string
+	// RetryAfter, for a KindConflict error, says the state that refuses the
+	// command passes by itself (a payment in progress settles): the same
+	// command may succeed after about this long. Such a refusal is answered
+	// with Retry-After and never stored under an Idempotency-Key, so a
+	// retry with the same key runs again.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {

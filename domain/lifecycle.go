@@ -73,6 +73,11 @@ func (o *Order) Ship(now time.Time) (Event, error) {
 // MaxReasonLen bounds a cancellation reason.
 const MaxReasonLen = 500
 
+// PaymentSettleRetryAfter is how long a command refused because a payment is
+// in progress tells its caller to wait (Retry-After): a charge settles in
+// well under a second when the provider answers.
+const PaymentSettleRetryAfter = time.Second
+
 // Cancel cancels a pending, payment_failed or paid order for reason (1 to
 // 500 characters) and returns its events: OrderCancelled, and for a paid
 // order also RefundRequested (refund attempt 1 of the full total, with its
@@ -89,9 +94,10 @@ func (o *Order) Cancel(reason string, now time.Time) ([]Event, error) {
 		return nil, nil
 	case StatusPaymentPending:
 		return nil, &Error{
-			Kind:    KindConflict,
-			Message: "cannot cancel an order that is payment_pending: its payment is in progress; retry after it settles",
-			State:   string(o.Status),
+			Kind:       KindConflict,
+			Message:    "cannot cancel an order that is payment_pending: its payment is in progress; retry after it settles",
+			State:      string(o.Status),
+			RetryAfter: PaymentSettleRetryAfter,
 		}
 	case StatusPending, StatusPaymentFailed, StatusPaid:
 		paid := o.Status == StatusPaid

@@ -156,5 +156,10 @@ func refusal(r *http.Request, err error) (command.Response, error) {
 	if p.ResourceID != "" {
 		h["Location"] = orderLocation(p.ResourceID)
 	}
-	return command.Response{Status: p.Status, Header: h, Body: p.body()}, nil
+	resp := command.Response{Status: p.Status, Header: h, Body: p.body()}
+	if ra := p.header.Get("Retry-After"); ra != "" {
+		// Refused for now (a payment settling): said so, never stored.
+		h["Retry-After"], resp.Unstored = ra, true
+	}
+	return resp, nil
 }

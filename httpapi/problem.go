@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -85,6 +86,9 @@ func problemFor(err error) *Problem {
 		case domain.KindConflict:
 			p := problem(http.StatusConflict, "conflict", "Conflict with the current state", de.Message)
 			p.ResourceID, p.CurrentStatus = de.ResourceID, de.State
+			if de.RetryAfter > 0 {
+				p.header = http.Header{"Retry-After": {strconv.Itoa(max(1, int(math.Ceil(de.RetryAfter.Seconds()))))}}
+			}
 			return p
 		case domain.KindPreconditionFailed:
 			p := problem(http.StatusPreconditionFailed, "precondition-failed", "Precondition failed", de.Message)

@@ -124,6 +124,44 @@ func TestBodiesThatAreNotUnicodeTextAreRefused(t *testing.T) {
 	}
 }
 
+// HEAD is served by every GET route, with GET's status and headers and no
+// body; a method a path does not have is 405 problem+json naming the ones
+// it has in Allow (both were missing: HEAD was 405, and 405 had no Allow).
+func TestHeadAndMethodNotAllowed(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	for _, path := range []string{"/v1/idempotency-keys/create", "/v1/orders/" + id} {
+		get := a.do(t, http.MethodGet, path, nil, "")
+		head := a.do(t, http.MethodHead, path, nil, "")
+		if head.status != get.status || len(head.body) != 0 || head.header.Get("Content-Type") != get.header.Get("Content-Type") ||
+			head.header.Get("ETag") != get.header.Get("ETag") {
+			t.Fatalf("HEAD %s: %d %v %q; GET: %d %v", path, head.status, head.header, head.body, get.status, get.header)
+		}
+		if strings.HasPrefix(path, "/v1/idempotency-keys/") && head.status != http.StatusOK {
+			t.Fatalf("HEAD %s: %d, want 200 (the key exists)", path, head.status)
+		}
+	}
+	if r := a.do(t, http.MethodHead, "/healthz", nil, ""); r.status != http.StatusOK {
+		t.Fatalf("HEAD /healthz: %d", r.status)
+	}
+	if r := a.do(t, http.MethodHead, "/v1/orders/"+id, map[string]string{"Authorization": "-"}, ""); r.status != http.StatusUnauthorized {
+		t.Fatalf("HEAD without a token: %d", r.status)
+	}
+	for _, tt := range []struct{ method, path, allow string }{
+		{http.MethodDelete, "/v1/orders/" + id, "GET, HEAD, PATCH"},
+		{http.MethodPut, "/v1/orders", "GET, HEAD, POST"},
+		{http.MethodGet, "/v1/orders/" + id + "/pay", "POST"},
+		{http.MethodPost, "/healthz", "GET, HEAD"},
+	} {
+		r := a.do(t, tt.method, tt.path, map[string]string{"Idempotency-Key": "k-405"}, "{}")
+		expectProblem(t, tt.method+" "+tt.path, r, http.StatusMethodNotAllowed, "method-not-allowed", "")
+		if got := r.header.Get("Allow"); got != tt.allow {
+			t.Fatalf("%s %s: Allow %q, want %q", tt.method, tt.path, got, tt.allow)
+		}
+	}
+}
+
 // Path parameters are decoded exactly once: %2F is a '/', %41 an 'A', %25
 // a '%', whichever parameter they are in.
 func TestPathParametersAreDecodedOnce(t *testing.T) {

@@ -78,7 +78,11 @@ func validated(tb testing.TB, h http.Handler) http.Handler {
 			path = r.URL.Path
 		}
 		rctx := chi.NewRouteContext()
-		ex := exchange{req: r, pattern: routes.Find(rctx, r.Method, path), bodyComplete: true}
+		method := r.Method
+		if method == http.MethodHead {
+			method = http.MethodGet // served by the GET route, without its body
+		}
+		ex := exchange{req: r, pattern: routes.Find(rctx, method, path), bodyComplete: true}
 		if body != nil {
 			ex.reqBody, ex.bodyComplete = body.buf.Bytes(), body.eof
 		}
@@ -118,14 +122,28 @@ func checkExchange(ctx context.Context, doc *openapi3.T, ex exchange) error {
 	}
 	var op *openapi3.Operation
 	item := doc.Paths.Value(ex.pattern)
+	head := ex.req.Method == http.MethodHead
 	if item != nil {
 		op = item.GetOperation(ex.req.Method)
+		if head {
+			op = item.GetOperation(http.MethodGet)
+		}
 	}
 	if op == nil {
 		if err := isProblem(http.StatusNotFound, http.StatusMethodNotAllowed); err != nil {
 			return fmt.Errorf("no operation %s %q in the document: %w", ex.req.Method, ex.pattern, err)
 		}
+		if ex.status == http.StatusMethodNotAllowed && ex.header.Get("Allow") == "" {
+			return errors.New("a 405 without Allow")
+		}
 		return nil
+	}
+	if head {
+		// GET's answer without its body: the status must be one GET has.
+		if op.Responses.Status(ex.status) == nil && op.Responses.Default() == nil {
+			return fmt.Errorf("HEAD answered %d, which GET %q does not document", ex.status, ex.pattern)
+		}
+		return nil // (the body the handler writes, net/http drops)
 	}
 
 	params := make(map[string]string, len(ex.params))

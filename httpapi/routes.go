@@ -2,8 +2,10 @@ package httpapi
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/acme/orders/api"
 	"github.com/acme/orders/health"
@@ -15,13 +17,18 @@ func (s *Server) routes() http.Handler {
 	if tracing.Active() {
 		r.Use(s.traceRequests)
 	}
-	r.Use(s.measure, withRequestID, s.recoverer, s.logRequests)
+	// HEAD is served by each GET route, without the body (RFC 9110, 9.3.2).
+	r.Use(s.measure, withRequestID, s.recoverer, s.logRequests, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, s.Logger, problem(http.StatusNotFound, "not-found", "Not found", "No such endpoint."), nil)
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, r, s.Logger, problem(http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed",
-			"This endpoint does not support "+r.Method+"."), nil)
+	root := r
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		allowed := allowedMethods(root, req)
+		p := problem(http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed",
+			"This endpoint does not support "+req.Method+"; it supports "+strings.Join(allowed, ", ")+".")
+		p.header = http.Header{"Allow": {strings.Join(allowed, ", ")}}
+		writeProblem(w, req, s.Logger, p, nil)
 	})
 
 	health.Register(r, s.Health)
@@ -45,6 +52,26 @@ func (s *Server) routes() http.Handler {
 		r.Get("/idempotency-keys/{key}", s.getIdempotencyKey)
 	})
 	return r
+}
+
+// allowedMethods lists the methods router serves req's path with, for the
+// Allow header a 405 must carry (RFC 9110, 15.5.6).
+func allowedMethods(router chi.Routes, req *http.Request) []string {
+	path := req.URL.RawPath
+	if path == "" {
+		path = req.URL.Path
+	}
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		probe := m
+		if m == http.MethodHead {
+			probe = http.MethodGet // served by middleware.GetHead
+		}
+		if router.Match(chi.NewRouteContext(), probe, path) {
+			allowed = append(allowed, m)
+		}
+	}
+	return allowed
 }
 
 // openAPI handles GET /openapi.json: the API's OpenAPI 3.1 document

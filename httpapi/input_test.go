@@ -52,13 +52,18 @@ func TestDuplicateAndCaseVariantKeysAreRefused(t *testing.T) {
 	}
 }
 
-// A JSON body in another charset than UTF-8 is refused with 415.
+// A JSON body in another charset than UTF-8, or with a Content-Encoding
+// (read as it is, "br" over plain JSON was taken), is refused with 415.
 func TestOtherCharsetsAreRefused(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
 	for _, ct := range []string{"application/json; charset=utf-16", "application/json; charset=latin1", "application/json;charset=\"UTF-16LE\""} {
 		res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Idempotency-Key": "k", "Content-Type": ct}, validBody)
 		expectProblem(t, ct, res, http.StatusUnsupportedMediaType, "unsupported-media-type", "")
+	}
+	for _, ce := range []string{"gzip", "br", "identity, gzip"} {
+		res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Idempotency-Key": "k", "Content-Encoding": ce}, validBody)
+		expectProblem(t, "Content-Encoding "+ce, res, http.StatusUnsupportedMediaType, "unsupported-media-type", "")
 	}
 	for i, ct := range []string{"application/json; charset=utf-8", "application/json; charset=UTF-8", "application/json"} {
 		res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Idempotency-Key": "ok-" + string(rune('a'+i)), "Content-Type": ct}, validBody)

@@ -33,6 +33,14 @@ var errTrailingData = errors.New("trailing data after the JSON object")
 // at most maxBodyBytes. Its error is a ready *Problem (400, 413 or 415) whose
 // detail says what is wrong and, for a wrong type, where.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
+	for _, ce := range r.Header.Values("Content-Encoding") {
+		if !strings.EqualFold(strings.TrimSpace(ce), "identity") {
+			// Read as it is, a compressed body was refused as malformed
+			// and a mislabelled one taken (RFC 9110, 8.4: 415).
+			return problem(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+				"Send the body without Content-Encoding (got "+strconv.Quote(ce)+"); compression is not supported.")
+		}
+	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, params, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {

@@ -132,4 +132,17 @@ func TestListOrdersFilters(t *testing.T) {
 			t.Fatalf("?%s: %d %s; want 400", bad, res.status, res.body)
 		}
 	}
+	// Said twice, said with nothing, or not decodable: refused naming the
+	// parameter (the first value, or no limit at all, was taken).
+	for _, tt := range []struct{ path, field string }{
+		{"/v1/orders?limit=1&limit=2", "limit"},
+		{"/v1/orders?status=paid&status=pending", "status"},
+		{"/v1/orders?limit=", "limit"},
+		{"/v1/orders?cursor=&limit=1", "cursor"},
+		{"/v1/orders?limit=%zz", ""},
+		{"/v1/orders/" + uuid.NewString() + "?min_version=1&min_version=2", "min_version"},
+		{"/v1/reports/daily-sales?from=2026-01-01&from=2026-01-02&to=2026-01-03", "from"},
+	} {
+		expectProblem(t, tt.path, a.do(t, http.MethodGet, tt.path, nil, ""), http.StatusBadRequest, "invalid-parameter", tt.field)
+	}
 }

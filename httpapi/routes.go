@@ -39,7 +39,7 @@ func (s *Server) routes() http.Handler {
 		// Authenticate first (a forged token takes no slot), then the
 		// tenant's own limits, then the global net; bodies are read last,
 		// under their deadline, so a slow body holds a slot only that long.
-		r.Use(s.authenticate, s.limitTenant, s.limitInFlight, s.readBody)
+		r.Use(s.authenticate, s.singleQueryValues, s.limitTenant, s.limitInFlight, s.readBody)
 		r.Post("/orders", s.createOrder)
 		r.Get("/orders", s.listOrders)
 		r.Get("/orders/{id}", s.getOrder)

@@ -165,6 +165,8 @@ func TestHeadAndMethodNotAllowed(t *testing.T) {
 			t.Fatalf("%s %s: Allow %q, want %q", tt.method, tt.path, got, tt.allow)
 		}
 	}
+	// An unknown method on no path of ours is 404, not a 405 allowing nothing.
+	expectProblem(t, "FOO /nope", a.do(t, "FOO", "/nope", nil, ""), http.StatusNotFound, "not-found", "")
 }
 
 // Path parameters are decoded exactly once: %2F is a '/', %41 an 'A', %25

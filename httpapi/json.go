@@ -34,7 +34,7 @@ var errTrailingData = errors.New("trailing data after the JSON object")
 // detail says what is wrong and, for a wrong type, where.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	for _, ce := range r.Header.Values("Content-Encoding") {
-		if !strings.EqualFold(strings.TrimSpace(ce), "identity") {
+		if ce = strings.TrimSpace(ce); ce != "" && !strings.EqualFold(ce, "identity") {
 			// Read as it is, a compressed body was refused as malformed
 			// and a mislabelled one taken (RFC 9110, 8.4: 415).
 			return problem(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",

@@ -25,6 +25,10 @@ func (s *Server) routes() http.Handler {
 	root := r
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		allowed := allowedMethods(root, req)
+		if len(allowed) == 0 { // an unknown method on no path of ours
+			writeProblem(w, req, s.Logger, problem(http.StatusNotFound, "not-found", "Not found", "No such endpoint."), nil)
+			return
+		}
 		p := problem(http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed",
 			"This endpoint does not support "+req.Method+"; it supports "+strings.Join(allowed, ", ")+".")
 		p.header = http.Header{"Allow": {strings.Join(allowed, ", ")}}

@@ -144,11 +144,14 @@ func (s *Stripe) Charge(ctx context.Context, r ChargeRequest) (Charge, error) {
 			return chargeOf(se.PaymentIntent, se), nil // declined: an outcome
 		}
 		if errors.As(err, &se) && se.HTTPStatusCode == http.StatusBadRequest &&
-			se.Type == stripe.ErrorTypeInvalidRequest && se.Param == "payment_method" {
-			// An unknown or unusable payment method: the provider made
-			// nothing, and only the customer can fix it (another method, in
-			// a new attempt). An outcome too; dead-lettering it would leave
-			// the order payment_pending for good.
+			se.Type == stripe.ErrorTypeInvalidRequest && se.Param == "payment_method" && customerMethodCodes[se.Code] {
+			// An unknown or unusable payment method: only the customer can
+			// fix it (another method, in a new attempt). An outcome too;
+			// dead-lettering it would leave the order payment_pending for
+			// good. If the provider made an intent anyway, it says which.
+			if se.PaymentIntent != nil {
+				return chargeOf(se.PaymentIntent, se), nil
+			}
 			return Charge{Amount: r.Amount, Currency: r.Currency, Status: ChargeDeclined,
 				DeclineCode: string(se.Code), DeclineReason: se.Msg}, nil
 		}
@@ -248,6 +251,19 @@ func chargeOf(pi *stripe.PaymentIntent, declined *stripe.Error) Charge {
 		c.DeclineCode = string(pi.Status)
 	}
 	return c
+}
+
+// customerMethodCodes are the error codes of a refused payment_method the
+// customer causes (a method that does not exist, or cannot be used now):
+// a decline. Any other refusal of it (parameter_missing, _invalid,
+// _unknown) is a bug of ours, permanent, dead-lettered for an operator.
+var customerMethodCodes = map[stripe.ErrorCode]bool{
+	stripe.ErrorCodeResourceMissing:              true,
+	stripe.ErrorCodePaymentMethodUnactivated:     true,
+	stripe.ErrorCodePaymentMethodUnexpectedState: true,
+	stripe.ErrorCodePaymentMethodNotAvailable:    true,
+	stripe.ErrorCodePaymentMethodProviderDecline: true,
+	stripe.ErrorCodePaymentMethodCustomerDecline: true,
 }
 
 // classify wraps err in ErrTransient or ErrPermanent.

@@ -182,7 +182,8 @@ func TestUnknownPaymentMethodIsADecline(t *testing.T) {
 	require.Equal(t, payment.ChargeSucceeded, c.Status)
 }
 
-// Any other refused request is ours to fix: permanent, dead-lettered.
+// Any other refused request is ours to fix: permanent, dead-lettered;
+// a payment_method refused for how we sent it (not for what it is) too.
 func TestInvalidRequestIsPermanent(t *testing.T) {
 	t.Parallel()
 	srv, s := start(t, payment.Config{})
@@ -192,6 +193,18 @@ func TestInvalidRequestIsPermanent(t *testing.T) {
 	require.ErrorIs(t, err, payment.ErrPermanent)
 	require.Contains(t, err.Error(), "parameter_invalid_string")
 	require.Empty(t, fakepsptest.Ledger(t, srv).Charges)
+
+	// fakepsp's 400 parameter_missing on payment_method, as if we had
+	// sent none: ours, not the customer's.
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, `{"error":{"type":"invalid_request_error","code":"parameter_missing","param":"payment_method","message":"Missing required param: payment_method."}}`)
+	}))
+	defer hs.Close()
+	_, err = adapter(t, hs.URL, payment.Config{}).Charge(context.Background(), chargeReq("k2"))
+	require.ErrorIs(t, err, payment.ErrPermanent)
+	require.Contains(t, err.Error(), "parameter_missing")
 }
 
 // TestLostResponseIsRecoveredWithTheSameKey: the provider commits the

@@ -31,6 +31,7 @@ type rig struct {
 	js       jetstream.JetStream
 	psp      *fakepsp.Server
 	provider *payment.Stripe
+	pspURL   string
 	tenant   string
 }
 
@@ -45,7 +46,7 @@ func newRig(t *testing.T, faults fakepsp.Faults) *rig {
 	if _, err := stream.Ensure(context.Background(), js, stream.Settings{}); err != nil {
 		t.Fatal(err)
 	}
-	return &rig{db: testenv.DB(t), js: js, psp: psp, provider: provider, tenant: "acme"}
+	return &rig{db: testenv.DB(t), js: js, psp: psp, provider: provider, pspURL: hs.URL, tenant: "acme"}
 }
 
 // start runs a worker until the test ends (or the returned stop is
@@ -327,9 +328,16 @@ func TestProviderDownThenBack(t *testing.T) {
 func TestPermanentFailureIsDeadLetteredAndRetried(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, fakepsp.Faults{})
+	// A live key the test provider refuses (401): no retry cures it. (An
+	// unknown payment method is the customer's to fix: a decline.)
+	wrongKey, err := payment.NewStripe(payment.Config{BaseURL: r.pspURL, SecretKey: "sk_live_not_here", Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.provider = wrongKey
 	w, _ := r.start(t, settle.Config{})
 	id := r.order(t)
-	r.pay(t, id, "pm_card_unknown") // the provider refuses it: 400
+	r.pay(t, id, domain.DefaultPaymentMethod)
 	r.publish(t, id, domain.TypePaymentRequested, 0)
 	var dls []settle.DeadLetter
 	testenv.Eventually(t, 15*time.Second, "a dead letter", func() bool {

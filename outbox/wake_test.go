@@ -78,7 +78,16 @@ func TestNotifierWakesARelayInAnotherProcess(t *testing.T) {
 	db, js, _ := newPipeline(t, stream.Settings{})
 	relay := newRelay(t, db, js, outbox.Config{Workers: 1, PollInterval: time.Hour})
 	runRelay(t, relay)
-	time.Sleep(100 * time.Millisecond) // the listener's first (re)connect wake-up has passed
+	// The relay's listener wakes it once when it connects: that wake-up
+	// must be over before the events commit, or it (not the notifier)
+	// would publish them and the test pass for the wrong reason.
+	testenv.Eventually(t, 10*time.Second, "the relay listens", func() bool {
+		var n int
+		err := db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND query LIKE 'LISTEN %outbox%'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	time.Sleep(50 * time.Millisecond) // its empty claim, right after
 
 	notifier, err := postgres.NewNotifier(db, slog.New(slog.NewTextHandler(io.Discard, nil)), postgres.NotifierConfig{Channel: "outbox"})
 	if err != nil {

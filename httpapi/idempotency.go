@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -157,9 +158,9 @@ func refusal(r *http.Request, err error) (command.Response, error) {
 		h["Location"] = orderLocation(p.ResourceID)
 	}
 	resp := command.Response{Status: p.Status, Header: h, Body: p.body()}
-	if ra := p.header.Get("Retry-After"); ra != "" {
+	if de := (*domain.Error)(nil); errors.As(err, &de) && de.RetryAfter > 0 {
 		// Refused for now (a payment settling): said so, never stored.
-		h["Retry-After"], resp.Unstored = ra, true
+		h["Retry-After"], resp.Unstored = p.header.Get("Retry-After"), true
 	}
 	return resp, nil
 }

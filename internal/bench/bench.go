@@ -5,6 +5,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -45,6 +46,9 @@ type Config struct {
 	// "drain" or "pay"; "" for all.
 	Only     string
 	NATSSync string // the store's sync_interval; "" for always (the production setting)
+	// PayShare is the pay → paid phase's rate as a share of the maximal
+	// create rate; 0 for 0.25 (the target's).
+	PayShare float64
 	Out      io.Writer
 }
 
@@ -248,7 +252,8 @@ func (r *runner) pays(ctx context.Context, ids []string, maxCreate float64) Row 
 	var lat []time.Duration
 	accepted, notPaid, failed := 0, 0, 0
 	start := time.Now()
-	sent := pace(ctx, max(1, 0.25*maxCreate), r.cfg.Phase, func(n int) {
+	share := cmp.Or(r.cfg.PayShare, 0.25)
+	sent := pace(ctx, max(1, share*maxCreate), r.cfg.Phase, func(n int) {
 		var meta client.Meta
 		o, err := r.client.PayOrder(ctx, ids[n%len(ids)], "", client.WithIdempotencyKey(fmt.Sprintf("bench-pay-%d", n)), client.WithMeta(&meta))
 		if err != nil || meta.Status != http.StatusAccepted {
@@ -272,7 +277,7 @@ func (r *runner) pays(ctx context.Context, ids []string, maxCreate float64) Row 
 	})
 	achieved := float64(accepted) / time.Since(start).Seconds()
 	p50, p95, p99 := quantiles(lat)
-	row := Row{Name: "pay → paid (25% of max)", Rate: achieved, P50: p50, P95: p95, P99: p99,
+	row := Row{Name: fmt.Sprintf("pay → paid (%g%% of max)", 100*share), Rate: achieved, P50: p50, P95: p95, P99: p99,
 		Note:   "pay 202 → paid visible on the query side (relay, worker, fakepsp, projector); requests by client/",
 		Target: "p99 < 100 ms", Met: ptr(p99 < 100 && failed == 0 && notPaid == 0 && len(lat) > 0)}
 	if failed > 0 || notPaid > 0 {

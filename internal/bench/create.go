@@ -142,7 +142,7 @@ func (r *runner) profiled(ctx context.Context, name string, measure func() Row) 
 	row.Note = strings.TrimPrefix(row.Note+"; CPU (% of one core): "+cpu, "; ")
 	profile := fmt.Sprintf("CPU (%% of one core): %s\n", cpu)
 	if tracked {
-		top, err := r.statementsTop(ctx, row.Rate*took.Seconds(), 12)
+		top, err := r.statementsTop(ctx, row.Rate*took.Seconds(), 30)
 		if err != nil {
 			profile += fmt.Sprintf("pg_stat_statements: %v\n", err)
 		} else {

@@ -111,7 +111,9 @@ func (r *runner) statementsReset(ctx context.Context) bool {
 }
 
 // statementsTop renders the top statements by execution time since the
-// last statementsReset, each with its calls and time per created order.
+// last statementsReset, each with its calls and time per created order,
+// and a last row summing every statement (the top ones and the rest): the
+// round trips and the server time one order costs in all.
 func (r *runner) statementsTop(ctx context.Context, created float64, n int) (string, error) {
 	conn, err := pgx.Connect(ctx, r.s.databaseURL)
 	if err != nil {
@@ -122,8 +124,7 @@ func (r *runner) statementsTop(ctx context.Context, created float64, n int) (str
 SELECT calls, total_exec_time, total_plan_time, wal_bytes, left(regexp_replace(query, '\s+', ' ', 'g'), 90)
 FROM pg_stat_statements
 WHERE query NOT LIKE '%pg_stat_statements%'
-ORDER BY total_exec_time + total_plan_time DESC
-LIMIT $1`, n)
+ORDER BY total_exec_time + total_plan_time DESC`)
 	type stmt struct {
 		Calls      int64
 		Exec, Plan float64
@@ -134,9 +135,14 @@ LIMIT $1`, n)
 	if err != nil {
 		return "", fmt.Errorf("read pg_stat_statements: %w", err)
 	}
+	var all stmt
+	for _, s := range stmts {
+		all.Calls, all.Exec, all.Plan, all.WAL = all.Calls+s.Calls, all.Exec+s.Exec, all.Plan+s.Plan, all.WAL+s.WAL
+	}
+	all.Query = fmt.Sprintf("all %d statements", len(stmts))
 	var b strings.Builder
 	fmt.Fprintf(&b, "| calls per order | exec µs per order | plan µs per order | WAL bytes per order | statement |\n| ---: | ---: | ---: | ---: | --- |\n")
-	for _, s := range stmts {
+	for _, s := range append(stmts[:min(n, len(stmts))], all) {
 		fmt.Fprintf(&b, "| %.2f | %.0f | %.0f | %.0f | `%s` |\n", float64(s.Calls)/created, 1000*s.Exec/created, 1000*s.Plan/created,
 			s.WAL/created, strings.ReplaceAll(s.Query, "|", `\|`))
 	}

@@ -106,6 +106,14 @@ func (s *stack) startProcess(bin string, env ...string) (*exec.Cmd, error) {
 	}
 	cmd := exec.Command(filepath.Join(s.dir, "bin", bin))
 	cmd.Env = append(s.env(), env...)
+	// BENCH_PPROF=1 serves each Go process's profiles on a port of its own
+	// (api 6061, projector 6062, worker 6063), to profile a
+	// phase while it runs.
+	if os.Getenv("BENCH_PPROF") == "1" {
+		if port, ok := map[string]int{"api": 6061, "projector": 6062, "worker": 6063}[bin]; ok {
+			cmd.Env = append(cmd.Env, fmt.Sprintf("PPROF_ADDR=127.0.0.1:%d", port))
+		}
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd, cmd.Start()

@@ -39,6 +39,8 @@ const (
 	// DefaultRedriveInterval is how often a runner looks for parked events
 	// that no open dead letter holds back and are due for another attempt.
 	DefaultRedriveInterval = time.Second
+	// DefaultCheckpointInterval is how often a runner writes its checkpoint.
+	DefaultCheckpointInterval = time.Second
 )
 
 // Config tunes a Runner. Zero values take the defaults; the README's
@@ -101,13 +103,19 @@ type Config struct {
 	// RedriveInterval is how often the runner re-drives parked events that
 	// no open dead letter holds back; default DefaultRedriveInterval.
 	RedriveInterval time.Duration
+	// CheckpointInterval is how often the runner writes the projection's
+	// checkpoint (the highest stream sequence applied, for `projector
+	// status`) while it advanced; default DefaultCheckpointInterval.
+	CheckpointInterval time.Duration
 	// Applied, if set, is called after each batch transaction committed,
 	// outside it, with the projection's name and the orders (aggregates)
-	// it applied: the projector sends the read-your-writes wake-up with it
-	// (a coalesced NOTIFY projection_applied, postgres.Notifier). It must
-	// not block. Events applied by a re-drive or a dead-letter retry are
-	// not reported; their readers' poll fallback finds them.
-	Applied func(projection string, orders []uuid.UUID)
+	// it applied, each with the version it reached: the projector sends the
+	// read-your-writes wake-up with it (a coalesced NOTIFY
+	// projection_applied, postgres.Notifier), so that only the readers
+	// waiting for that version wake. It must not block. Events applied by
+	// a re-drive or a dead-letter retry are not reported; their readers'
+	// poll fallback finds them.
+	Applied func(projection string, reached []Reached)
 	// Observers, if set, is called once per runner with its projection's
 	// name and returns where the runner reports its batches and the events
 	// it applies (for metrics).
@@ -161,6 +169,9 @@ func (c Config) withDefaults() Config {
 	if c.RedriveInterval <= 0 {
 		c.RedriveInterval = DefaultRedriveInterval
 	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = DefaultCheckpointInterval
+	}
 	return c
 }
 
@@ -193,11 +204,12 @@ type Runner struct {
 	logger *slog.Logger
 	cfg    Config
 
-	stats    [outcomeCount]atomic.Int64 // per Outcome
-	deferred atomic.Int64               // delayed events parked past their tenant's share
-	lingers  atomic.Int64               // batches that lingered (BatchWait)
-	window   *delayedWindow
-	obs      Observers
+	stats      [outcomeCount]atomic.Int64 // per Outcome
+	checkpoint atomic.Uint64              // highest stream sequence committed (checkpointLoop writes it)
+	deferred   atomic.Int64               // delayed events parked past their tenant's share
+	lingers    atomic.Int64               // batches that lingered (BatchWait)
+	window     *delayedWindow
+	obs        Observers
 }
 
 // NewRunner returns a Runner applying the stream on js to proj in db, or an
@@ -320,6 +332,7 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { r.redriveLoop(ctx) })
+	wg.Go(func() { r.checkpointLoop(ctx) })
 	for range r.cfg.Workers {
 		wg.Go(func() {
 			var lastEnd time.Time // of this worker's previous batch

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -14,22 +15,30 @@ import (
 
 // A batch transaction sends no NOTIFY (it would serialise every commit in
 // the cluster); the orders it applied are reported to Config.Applied after
-// it committed, for the projector's coalesced notification.
+// it committed, for the projector's coalesced notification, each once, at
+// the last version the batch applied (so that only the readers waiting for
+// that version wake).
 func TestBatchSendsNoNotifyAndReportsAppliedOrdersAfterCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var mu sync.Mutex
-	var reported []uuid.UUID
+	var reported []Reached
 	var visibleAtReport bool
 	var f fixture
-	f = newFixture(t, Config{Applied: func(projection string, orders []uuid.UUID) {
+	f = newFixture(t, Config{Applied: func(projection string, reached []Reached) {
 		mu.Lock()
 		defer mu.Unlock()
-		reported = append(reported, orders...)
-		// Called after the commit: another connection sees the rows.
-		var n int
-		err := f.db.QueryRow(context.Background(), `SELECT count(*) FROM order_views WHERE order_id = ANY($1)`, orders).Scan(&n)
-		visibleAtReport = err == nil && n == len(orders)
+		reported = append(reported, reached...)
+		// Called after the commit: another connection sees the rows, at
+		// the versions reported.
+		for _, r := range reached {
+			var v int64
+			err := f.db.QueryRow(context.Background(), `SELECT version FROM order_views WHERE order_id = $1`, r.Order).Scan(&v)
+			visibleAtReport = err == nil && v == r.Version
+			if !visibleAtReport {
+				return
+			}
+		}
 	}})
 	pconn, err := f.db.Acquire(ctx)
 	if err != nil {
@@ -41,10 +50,11 @@ func TestBatchSendsNoNotifyAndReportsAppliedOrdersAfterCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a, b := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	lifecycle := lifecycleEvents(t, "c-1") // versions 1, 2, 3 of one order
+	envs := append(lifecycle, createdEvent(t, uuid.Must(uuid.NewV7())))
 	var events []*event
-	for _, id := range []uuid.UUID{a, b} {
-		data, err := json.Marshal(createdEvent(t, id))
+	for _, env := range envs {
+		data, err := json.Marshal(env)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,8 +65,13 @@ func TestBatchSendsNoNotifyAndReportsAppliedOrdersAfterCommit(t *testing.T) {
 	}
 
 	mu.Lock()
-	if len(reported) != 2 || !visibleAtReport {
-		t.Errorf("reported %v (rows visible: %v); want both orders, after the commit", reported, visibleAtReport)
+	want := map[uuid.UUID]int64{lifecycle[0].AggregateID: 3, envs[3].AggregateID: 1}
+	got := map[uuid.UUID]int64{}
+	for _, r := range reported {
+		got[r.Order] = r.Version
+	}
+	if len(reported) != 2 || !maps.Equal(got, want) || !visibleAtReport {
+		t.Errorf("reported %v (rows visible at those versions: %v); want each order once at its last version %v, after the commit", reported, visibleAtReport, want)
 	}
 	mu.Unlock()
 	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)

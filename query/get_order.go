@@ -55,7 +55,7 @@ const orderViewGetSQL = `SELECT ` + orderViewColumns + ` FROM order_views WHERE 
 // q.Wait.
 func (h GetOrderHandler) Handle(ctx context.Context, q GetOrder) (domain.Order, error) {
 	var o domain.Order
-	err := awaitVersion(ctx, h.changes, q.ID, q.MinVersion, q.Wait, func() (int64, error) {
+	err := awaitVersion(ctx, h.changes, "order_views", q.ID, q.MinVersion, q.Wait, func() (int64, error) {
 		var err error
 		o, err = h.get(ctx, q)
 		if domain.KindOf(err) == domain.KindNotFound && q.MinVersion > 0 {

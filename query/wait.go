@@ -3,6 +3,8 @@ package query
 import (
 	"context"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,27 +25,42 @@ type ChangesConfig struct {
 
 // Changes tells waiting readers that a projection applied events of their
 // order. After each batch commits, the projector sends a coalesced NOTIFY
-// projection_applied naming the orders (postgres.Notifier, outside the
-// transaction); the api LISTENs (postgres.Listen) and calls Notify, which
-// wakes only the readers of those orders. No herd: a reader wakes when its
-// order moved, or, as a fallback for a lost notification, every
+// projection_applied naming the projection and, for each order, the version
+// it reached (postgres.Notifier, outside the transaction); the api LISTENs
+// (postgres.Listen) and calls Notify, which wakes only the readers waiting
+// for that projection of those orders, and only once the version they wait
+// for is there. No herd, and no read in vain: a reader of order_views is not
+// woken by customer_summaries applying its order, nor by an event short of
+// its version (a pay's payment.requested while it waits for paid). As a
+// fallback for a lost notification, a reader reads again every
 // PollInterval.
 type Changes struct {
 	poll    time.Duration
 	mu      sync.Mutex
-	waiters map[uuid.UUID]*waiter
+	waiters map[waitKey]*waiter
 }
 
-// waiter is the wake-up channel of one order's readers, and how many there are.
+// waitKey is what readers wait for: a projection's row of one order.
+type waitKey struct {
+	projection string
+	id         uuid.UUID
+}
+
+// waiter is the wake-up channel of one order's readers of one projection,
+// how many there are, and the lowest version any of them waits for (it
+// never rises while they share the channel, so a wake-up at or past it
+// wakes every reader that could be satisfied; the others read and wait
+// again).
 type waiter struct {
 	ch      chan struct{}
 	readers int
+	min     int64
 }
 
 // NewChanges returns a Changes with no waiters and the default
 // configuration.
 func NewChanges() *Changes {
-	return &Changes{poll: DefaultWaitPollInterval, waiters: map[uuid.UUID]*waiter{}}
+	return &Changes{poll: DefaultWaitPollInterval, waiters: map[waitKey]*waiter{}}
 }
 
 // NewChangesConfig returns a Changes configured by cfg, or an error naming
@@ -55,53 +72,67 @@ func NewChangesConfig(cfg ChangesConfig) (*Changes, error) {
 	if cfg.PollInterval < 0 {
 		return nil, fmt.Errorf("changes config: PollInterval must not be negative, got %s", cfg.PollInterval)
 	}
-	return &Changes{poll: cfg.PollInterval, waiters: map[uuid.UUID]*waiter{}}, nil
+	return &Changes{poll: cfg.PollInterval, waiters: map[waitKey]*waiter{}}, nil
 }
 
-// Notify handles one payload: "projection:id,id,…" wakes the readers of
-// those orders; anything else (such as "" after a reconnect) wakes every
-// reader, since anything may have changed.
+// Notify handles one payload. "projection:id@version,…" wakes the readers
+// of that projection's rows of those orders that wait for at most that
+// version; an entry without a version ("id", as a projector before versions
+// sends) wakes them whatever they wait for. Anything without a projection
+// (such as "" after a reconnect, or a rebuild's swap) wakes every reader,
+// since anything may have changed. Entries it cannot read are skipped.
 func (c *Changes) Notify(payload string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, list, ok := strings.Cut(payload, ":")
+	projection, list, ok := strings.Cut(payload, ":")
 	if !ok {
-		for id, w := range c.waiters {
+		for k, w := range c.waiters {
 			close(w.ch)
-			delete(c.waiters, id)
+			delete(c.waiters, k)
 		}
 		return
 	}
 	for s := range strings.SplitSeq(list, ",") {
-		id, err := uuid.Parse(s)
+		idText, versionText, hasVersion := strings.Cut(s, "@")
+		id, err := uuid.Parse(idText)
 		if err != nil {
 			continue
 		}
-		if w, ok := c.waiters[id]; ok {
+		version := int64(math.MaxInt64)
+		if hasVersion {
+			if version, err = strconv.ParseInt(versionText, 10, 64); err != nil {
+				continue
+			}
+		}
+		k := waitKey{projection, id}
+		if w, ok := c.waiters[k]; ok && version >= w.min {
 			close(w.ch)
-			delete(c.waiters, id)
+			delete(c.waiters, k)
 		}
 	}
 }
 
-// Changed returns a channel that is closed the next time order id is
-// applied (or everything may have changed), and a release the reader calls
-// when it stops waiting, so that no entry outlives its readers.
-func (c *Changes) Changed(id uuid.UUID) (<-chan struct{}, func()) {
+// Changed returns a channel that is closed once projection applied order
+// id up to at least version m (or everything may have changed), and a
+// release the reader calls when it stops waiting, so that no entry
+// outlives its readers.
+func (c *Changes) Changed(projection string, id uuid.UUID, m int64) (<-chan struct{}, func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	w, ok := c.waiters[id]
+	k := waitKey{projection, id}
+	w, ok := c.waiters[k]
 	if !ok {
-		w = &waiter{ch: make(chan struct{})}
-		c.waiters[id] = w
+		w = &waiter{ch: make(chan struct{}), min: m}
+		c.waiters[k] = w
 	}
 	w.readers++
+	w.min = min(w.min, m)
 	return w.ch, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		w.readers--
-		if w.readers == 0 && c.waiters[id] == w {
-			delete(c.waiters, id)
+		if w.readers == 0 && c.waiters[k] == w {
+			delete(c.waiters, k)
 		}
 	}
 }
@@ -116,12 +147,13 @@ func (e *BehindError) Error() string {
 	return fmt.Sprintf("the read model is at version %d, not yet at %d", e.Have, e.Want)
 }
 
-// awaitVersion calls read until it reports a version of order id of at
-// least min, or returns a *BehindError after wait. With min ≤ 0 it reads
-// once. Each retry waits for a Notify naming the order, so other orders'
-// traffic costs it nothing; or for the poll interval, so a lost
+// awaitVersion calls read until it reports a version of projection's row
+// of order id of at least min, or returns a *BehindError after wait. With min ≤ 0 it reads
+// once. Each retry waits for a Notify naming the projection and the order
+// at min or later, so other orders' traffic (and other projections', and
+// earlier versions') costs it nothing; or for the poll interval, so a lost
 // notification delays it by at most that.
-func awaitVersion(ctx context.Context, changes *Changes, id uuid.UUID, min int64, wait time.Duration, read func() (int64, error)) error {
+func awaitVersion(ctx context.Context, changes *Changes, projection string, id uuid.UUID, min int64, wait time.Duration, read func() (int64, error)) error {
 	if min <= 0 || changes == nil {
 		_, err := read()
 		return err
@@ -131,7 +163,7 @@ func awaitVersion(ctx context.Context, changes *Changes, id uuid.UUID, min int64
 	poll := time.NewTicker(changes.poll)
 	defer poll.Stop()
 	for {
-		changed, release := changes.Changed(id) // before reading, so no Notify is missed
+		changed, release := changes.Changed(projection, id, min) // before reading, so no Notify is missed
 		have, err := read()
 		if err != nil || have >= min {
 			release()

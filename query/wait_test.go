@@ -12,31 +12,88 @@ func TestChangesWakesOnlyTheNamedOrders(t *testing.T) {
 	t.Parallel()
 	c := NewChanges()
 	a, b := uuid.New(), uuid.New()
-	chA, releaseA := c.Changed(a)
-	chB, releaseB := c.Changed(b)
-	c.Notify("order_views:" + a.String())
-	select {
-	case <-chA:
-	case <-time.After(time.Second):
-		t.Fatal("the reader of a was not woken")
-	}
-	select {
-	case <-chB:
-		t.Fatal("the reader of b was woken by a's change")
-	default:
-	}
+	chA, releaseA := c.Changed("order_views", a, 1)
+	chB, releaseB := c.Changed("order_views", b, 1)
+	c.Notify("order_views:" + a.String() + "@1")
+	woken(t, chA, "the reader of a")
+	notWoken(t, chB, "the reader of b, by a's change")
 	releaseA()
 	c.Notify("") // after a reconnect: everyone
-	select {
-	case <-chB:
-	case <-time.After(time.Second):
-		t.Fatal("a reconnect did not wake every reader")
-	}
+	woken(t, chB, "every reader, after a reconnect")
 	releaseB()
-	_, release := c.Changed(a)
+	_, release := c.Changed("order_views", a, 1)
 	release()
 	if len(c.waiters) != 0 {
 		t.Fatalf("%d waiter entries outlive their readers", len(c.waiters))
+	}
+}
+
+// A reader wakes only when its projection reached the version it waits
+// for: not for another projection's row of its order, nor for an earlier
+// version (a pay's payment.requested while it waits for paid). A payload
+// without versions (an older projector's) or without a projection (a
+// rebuild's swap) still wakes it.
+func TestChangesWakesOnlyAtTheVersionOfTheProjection(t *testing.T) {
+	t.Parallel()
+	c := NewChanges()
+	id := uuid.New()
+	views, releaseViews := c.Changed("order_views", id, 3)
+	defer releaseViews()
+	summaries, releaseSummaries := c.Changed("customer_summaries", id, 3)
+	defer releaseSummaries()
+
+	c.Notify("customer_summaries:" + id.String() + "@2")
+	c.Notify("order_views:" + id.String() + "@2,not-an-id@3," + id.String() + "@x")
+	notWoken(t, views, "order_views' reader, by version 2 or by customer_summaries")
+	notWoken(t, summaries, "customer_summaries' reader, by version 2")
+	c.Notify("customer_summaries:" + id.String() + "@3")
+	woken(t, summaries, "customer_summaries' reader, at version 3")
+	notWoken(t, views, "order_views' reader, by customer_summaries at version 3")
+	c.Notify("order_views:" + id.String() + "@4")
+	woken(t, views, "order_views' reader, past its version")
+
+	old, releaseOld := c.Changed("order_views", id, 9)
+	defer releaseOld()
+	c.Notify("order_views:" + id.String())
+	woken(t, old, "a reader, by a payload without versions")
+	swap, releaseSwap := c.Changed("daily_sales", id, 9)
+	defer releaseSwap()
+	c.Notify("daily_sales")
+	woken(t, swap, "a reader, by a payload without a projection")
+}
+
+// Readers of one order waiting for different versions share a wake-up:
+// the lowest version they wait for wakes them all (the others read and
+// wait again), even after the reader of that version left.
+func TestChangesSharedWakeUpIsAtTheLowestVersion(t *testing.T) {
+	t.Parallel()
+	c := NewChanges()
+	id := uuid.New()
+	high, releaseHigh := c.Changed("order_views", id, 5)
+	defer releaseHigh()
+	low, releaseLow := c.Changed("order_views", id, 2)
+	c.Notify("order_views:" + id.String() + "@1")
+	notWoken(t, low, "the reader of version 2, by version 1")
+	releaseLow()
+	c.Notify("order_views:" + id.String() + "@2")
+	woken(t, high, "the readers sharing the wake-up, at the lowest version one waited for")
+}
+
+func woken(t *testing.T, ch <-chan struct{}, who string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(time.Second):
+		t.Fatalf("%s was not woken", who)
+	}
+}
+
+func notWoken(t *testing.T, ch <-chan struct{}, who string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatalf("%s was woken", who)
+	default:
 	}
 }
 
@@ -49,7 +106,7 @@ func TestAwaitVersionWithoutNotificationPolls(t *testing.T) {
 		t.Fatal(err)
 	}
 	reads := 0
-	err = awaitVersion(context.Background(), c, uuid.New(), 2, 10*time.Second, func() (int64, error) {
+	err = awaitVersion(context.Background(), c, "order_views", uuid.New(), 2, 10*time.Second, func() (int64, error) {
 		reads++
 		if reads < 3 {
 			return 1, nil

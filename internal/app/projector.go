@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -248,12 +247,12 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if err != nil {
 		return fmt.Errorf("-notify-interval: %w", err)
 	}
-	cfg.runner.Applied = func(projection string, orders []uuid.UUID) {
-		ids := make([]string, len(orders))
-		for i, id := range orders {
-			ids[i] = id.String()
+	cfg.runner.Applied = func(name string, reached []projection.Reached) {
+		ids := make([]string, len(reached))
+		for i, r := range reached {
+			ids[i] = r.Order.String() + "@" + strconv.FormatInt(r.Version, 10) // query.Changes reads it
 		}
-		notifier.NotifyIDs(projection, ids)
+		notifier.NotifyIDs(name, ids)
 	}
 	var runners []*projection.Runner
 	for _, p := range projections() {

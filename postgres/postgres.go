@@ -54,6 +54,10 @@ func Open(ctx context.Context, url string, maxConns int32, wait time.Duration, l
 	if _, ok := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !ok {
 		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "60s"
 	}
+	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
+		RegisterUUID(conn.TypeMap())
+		return nil
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open database pool: %w", err)

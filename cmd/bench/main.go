@@ -27,6 +27,7 @@ func main() {
 	only := flag.String("only", "", `"create" (ceilings, create with the pipeline on and api only, lag after a burst), "load" (create, replay, read, end to end, pay), "drain" or "pay" (one create phase for the rate, then pay → paid) to measure only those`)
 	natsSync := flag.String("nats-sync", "", "nats-server sync_interval (default always, the production setting; e.g. 2m for the NATS default)")
 	payShare := flag.Float64("pay-share", 0.25, "rate of the pay → paid phase, as a share of the maximal create rate (the target is at 0.25)")
+	payRate := flag.Float64("pay-rate", 0, "rate of the pay → paid phase per second, instead of -pay-share (to compare two builds at the same load)")
 	flag.Parse()
 	root, err := os.Getwd()
 	if err != nil {
@@ -38,7 +39,7 @@ func main() {
 		state = filepath.Join(root, state)
 	}
 	rep, err := bench.Run(ctx, bench.Config{Root: root, Dir: state, Phase: *phase,
-		Clients: []int{1, 16, 64}, Backlog: *backlog, Only: *only, NATSSync: *natsSync, PayShare: *payShare, Out: os.Stdout})
+		Clients: []int{1, 16, 64}, Backlog: *backlog, Only: *only, NATSSync: *natsSync, PayShare: *payShare, PayRate: *payRate, Out: os.Stdout})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)

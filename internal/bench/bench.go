@@ -49,6 +49,9 @@ type Config struct {
 	// PayShare is the pay → paid phase's rate as a share of the maximal
 	// create rate; 0 for 0.25 (the target's).
 	PayShare float64
+	// PayRate, if positive, is the pay → paid phase's rate per second,
+	// whatever the create rate (to compare two builds at the same load).
+	PayRate float64
 	Out      io.Writer
 }
 
@@ -253,7 +256,11 @@ func (r *runner) pays(ctx context.Context, ids []string, maxCreate float64) Row 
 	accepted, notPaid, failed := 0, 0, 0
 	start := time.Now()
 	share := cmp.Or(r.cfg.PayShare, 0.25)
-	sent := pace(ctx, max(1, share*maxCreate), r.cfg.Phase, func(n int) {
+	rate, name := max(1, share*maxCreate), fmt.Sprintf("pay → paid (%g%% of max)", 100*share)
+	if r.cfg.PayRate > 0 {
+		rate, name = r.cfg.PayRate, fmt.Sprintf("pay → paid (%g/s)", r.cfg.PayRate)
+	}
+	sent := pace(ctx, rate, r.cfg.Phase, func(n int) {
 		var meta client.Meta
 		o, err := r.client.PayOrder(ctx, ids[n%len(ids)], "", client.WithIdempotencyKey(fmt.Sprintf("bench-pay-%d", n)), client.WithMeta(&meta))
 		if err != nil || meta.Status != http.StatusAccepted {
@@ -277,7 +284,7 @@ func (r *runner) pays(ctx context.Context, ids []string, maxCreate float64) Row 
 	})
 	achieved := float64(accepted) / time.Since(start).Seconds()
 	p50, p95, p99 := quantiles(lat)
-	row := Row{Name: fmt.Sprintf("pay → paid (%g%% of max)", 100*share), Rate: achieved, P50: p50, P95: p95, P99: p99,
+	row := Row{Name: name, Rate: achieved, P50: p50, P95: p95, P99: p99,
 		Note:   "pay 202 → paid visible on the query side (relay, worker, fakepsp, projector); requests by client/",
 		Target: "p99 < 100 ms", Met: ptr(p99 < 100 && failed == 0 && notPaid == 0 && len(lat) > 0)}
 	if failed > 0 || notPaid > 0 {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/tracing"
@@ -83,8 +84,21 @@ func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey str
 // orderGetForUpdate loads an order with its items and locks its row until tx
 // ends. It returns a KindNotFound *domain.Error if the tenant has no such order.
 func orderGetForUpdate(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID) (domain.Order, error) {
+	return scanOrder(tx.QueryRow(ctx, orderGetForUpdateSQL, tenantID, id), id)
+}
+
+// queueOrderGetForUpdate queues orderGetForUpdate in b, to scan into o.
+func queueOrderGetForUpdate(b *pgx.Batch, tenantID string, id uuid.UUID, o *domain.Order) {
+	b.Queue(orderGetForUpdateSQL, tenantID, id).QueryRow(func(row pgx.Row) (err error) {
+		*o, err = scanOrder(row, id)
+		return err
+	})
+}
+
+// scanOrder reads the row of orderGetForUpdateSQL for order id.
+func scanOrder(row pgx.Row, id uuid.UUID) (domain.Order, error) {
 	var o domain.Order
-	err := tx.QueryRow(ctx, orderGetForUpdateSQL, tenantID, id).Scan(
+	err := row.Scan(
 		&o.ID, &o.TenantID, &o.CustomerID, &o.Status, &o.Currency, &o.Total, &o.Version, &o.CreatedAt, &o.UpdatedAt,
 		&o.PaidAt, &o.ShippedAt, &o.CancelledAt, &o.CancelReason, &o.ShippingAddress, &o.Note, &o.Payment, &o.Refund, &o.Items)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -96,18 +110,17 @@ func orderGetForUpdate(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.
 	return o.UTC(), nil
 }
 
-// orderUpdate writes the changed state of o, which must be steps versions
-// past the row that tx holds locked.
-func orderUpdate(ctx context.Context, tx pgx.Tx, o domain.Order, steps int) error {
-	tag, err := tx.Exec(ctx, orderUpdateSQL, o.TenantID, o.ID, o.Status, o.Version, o.UpdatedAt,
-		o.PaidAt, o.ShippedAt, o.CancelledAt, o.CancelReason, o.ShippingAddress, o.Note, o.Payment, o.Refund, steps)
-	if err != nil {
-		return fmt.Errorf("update order: %w", err)
-	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("update order %s to version %d: the row is not at version %d", o.ID, o.Version, o.Version-int64(steps))
-	}
-	return nil
+// queueOrderUpdate queues, in b, the write of the changed state of o, which
+// must be steps versions past the row that the transaction holds locked.
+func queueOrderUpdate(b *pgx.Batch, o domain.Order, steps int) {
+	b.Queue(orderUpdateSQL, o.TenantID, o.ID, o.Status, o.Version, o.UpdatedAt,
+		o.PaidAt, o.ShippedAt, o.CancelledAt, o.CancelReason, o.ShippingAddress, o.Note, o.Payment, o.Refund, steps).
+		Exec(func(tag pgconn.CommandTag) error {
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("update order %s to version %d: the row is not at version %d", o.ID, o.Version, o.Version-int64(steps))
+			}
+			return nil
+		})
 }
 
 // changeOrder runs one lifecycle step on an order: it loads the order under
@@ -115,34 +128,53 @@ func orderUpdate(ctx context.Context, tx pgx.Tx, o domain.Order, steps int) erro
 // writes the new state and the event in tx. It returns the order as it is
 // afterwards and whether it changed, or change's error with nothing written.
 func changeOrder(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, change func(*domain.Order) (domain.Event, error)) (domain.Order, bool, error) {
-	return changeOrderMany(ctx, tx, tenantID, id, func(o *domain.Order) ([]domain.Event, error) {
+	return changeOrderMany(ctx, tx, tenantID, id, oneEvent(change))
+}
+
+// oneEvent turns a step raising at most one event into one raising many.
+func oneEvent(change func(*domain.Order) (domain.Event, error)) func(*domain.Order) ([]domain.Event, error) {
+	return func(o *domain.Order) ([]domain.Event, error) {
 		ev, err := change(o)
 		if ev == nil {
 			return nil, err
 		}
 		return []domain.Event{ev}, err
-	})
+	}
 }
 
 // changeOrderMany is changeOrder for a step that may raise several events,
 // each one version after the other (the last at the order's new version).
+// The order's row and its events are written in one round trip.
 func changeOrderMany(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, change func(*domain.Order) ([]domain.Event, error)) (domain.Order, bool, error) {
 	o, err := orderGetForUpdate(ctx, tx, tenantID, id)
 	if err != nil {
 		return domain.Order{}, false, err
 	}
+	return changeLoaded(ctx, tx, o, change, nil)
+}
+
+// changeLoaded is changeOrderMany for order o, loaded under its row lock
+// in tx already; also, if set, queues more rows of the same change (such
+// as a payment's) into the same round trip.
+func changeLoaded(ctx context.Context, tx pgx.Tx, o domain.Order, change func(*domain.Order) ([]domain.Event, error),
+	also func(b *pgx.Batch, o domain.Order)) (domain.Order, bool, error) {
 	evs, err := change(&o)
 	if err != nil || len(evs) == 0 {
 		return o, false, err
 	}
-	if err := orderUpdate(ctx, tx, o, len(evs)); err != nil {
-		return domain.Order{}, false, err
-	}
+	b := &pgx.Batch{}
+	queueOrderUpdate(b, o, len(evs))
 	for i, ev := range evs {
 		version := o.Version - int64(len(evs)-1-i)
-		if err := outboxAppendAt(ctx, tx, o, version, ev); err != nil {
+		if err := queueOutboxAppendAt(ctx, b, o, version, ev); err != nil {
 			return domain.Order{}, false, fmt.Errorf("%s: %w", ev.EventType(), err)
 		}
+	}
+	if also != nil {
+		also(b, o)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return domain.Order{}, false, fmt.Errorf("write order %s: %w", o.ID, err)
 	}
 	return o, true, nil
 }

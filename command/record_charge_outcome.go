@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/postgres"
@@ -122,25 +123,36 @@ func joinReason(code, reason string) string {
 
 // recordOutcome is the transaction of every outcome command: the inbox row,
 // the order's change (decided first, so a refusal writes nothing), the
-// payments row and the outbox event.
+// payments row and the outbox event, in three round trips: the inbox row
+// with the order's lock, then the order, its event and the payments row,
+// then the commit.
 func recordOutcome(ctx context.Context, db postgres.DB, consumer string, eventID uuid.UUID, tenantID string, orderID uuid.UUID,
 	payment []any, change func(*domain.Order) (domain.Event, error)) (o domain.Order, recorded bool, err error) {
 	err = postgres.InTx(ctx, db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, paymentInboxInsertSQL, consumer, eventID, tenantID, orderID)
-		if err != nil {
-			return fmt.Errorf("insert payment inbox row: %w", err)
+		b := &pgx.Batch{}
+		b.Queue(paymentInboxInsertSQL, consumer, eventID, tenantID, orderID).Exec(func(tag pgconn.CommandTag) error {
+			recorded = tag.RowsAffected() == 1
+			return nil
+		})
+		queueOrderGetForUpdate(b, tenantID, orderID, &o)
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			if domain.KindOf(err) != "" {
+				return err
+			}
+			return fmt.Errorf("insert payment inbox row and lock the order: %w", err)
 		}
-		recorded = tag.RowsAffected() == 1
 		if !recorded {
-			o, err = orderGetForUpdate(ctx, tx, tenantID, orderID)
+			return nil
+		}
+		paymentRow := append([]any{tenantID, orderID}, payment...)
+		var changed bool
+		o, changed, err = changeLoaded(ctx, tx, o, oneEvent(change),
+			func(b *pgx.Batch, _ domain.Order) { b.Queue(paymentInsertSQL, paymentRow...) })
+		if err != nil || changed {
 			return err
 		}
-		o, _, err = changeOrder(ctx, tx, tenantID, orderID, change)
-		if err != nil {
-			return err
-		}
-		args := append([]any{tenantID, orderID}, payment...)
-		if _, err := tx.Exec(ctx, paymentInsertSQL, args...); err != nil {
+		// A stale outcome moves nothing but is recorded all the same.
+		if _, err := tx.Exec(ctx, paymentInsertSQL, paymentRow...); err != nil {
 			return fmt.Errorf("insert payment row: %w", err)
 		}
 		return nil

@@ -232,3 +232,21 @@ func TestCancelPaymentPendingIsAConflict(t *testing.T) {
 		t.Fatalf("err %v, want a conflict in payment_pending", err)
 	}
 }
+
+// An outcome for an order the tenant does not have is refused as not found
+// (the worker dead-letters it), and nothing of it is written: no inbox row,
+// so a later delivery is not taken for recorded.
+func TestRecordChargeOutcomeUnknownOrderWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	o, ev := pendingPayment(t, db, domain.DefaultPaymentMethod)
+	_, recorded, err := command.NewRecordChargeOutcomeHandler(db).HandleRecorded(ctx, command.RecordChargeOutcome{
+		TenantID: "t2", OrderID: o.ID, Attempt: 1, Consumer: "payments", EventID: ev, Charge: succeeded(o, "pi_1")})
+	if domain.KindOf(err) != domain.KindNotFound || recorded {
+		t.Fatalf("HandleRecorded for another tenant's order = recorded %v, %v; want a not-found refusal", recorded, err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM payment_inbox`) + count(t, db, `SELECT count(*) FROM payments`); n != 0 {
+		t.Fatalf("%d inbox and payment rows written for an unknown order; want none", n)
+	}
+}

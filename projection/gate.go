@@ -97,7 +97,9 @@ func (r *Runner) commit(ctx context.Context, events []*event) error {
 
 // advanceCheckpoint raises the checkpoint the checkpoint loop writes to the
 // highest stream sequence of the events a committed transaction recorded
-// in the inbox (applied, stale or duplicate).
+// in the inbox (applied, stale or duplicate): a batch from the stream or a
+// re-drive. (A dead-letter retry from `projector retry` runs in a process
+// without the loop: the next batch moves the checkpoint past it.)
 func (r *Runner) advanceCheckpoint(events []*event) {
 	var top uint64
 	for _, e := range events {
@@ -114,37 +116,37 @@ func (r *Runner) advanceCheckpoint(events []*event) {
 }
 
 // checkpointLoop writes the checkpoint every CheckpointInterval while it
-// advanced, and once more when ctx ends. The checkpoint is what `projector
-// status` reports as the highest sequence applied; nothing depends on it
-// for exactness (the inbox and the positions carry that), so it may lag the
+// advanced, until done is closed (after the workers finished their last
+// batches), and then once more. The checkpoint is what `projector status`
+// reports as the highest sequence applied; nothing depends on it for
+// exactness (the inbox and the positions carry that), so it may lag the
 // commits by an interval, and a crash loses at most the last interval's
 // advance (the next batch after the restart moves it on).
-func (r *Runner) checkpointLoop(ctx context.Context) {
+func (r *Runner) checkpointLoop(ctx context.Context, done <-chan struct{}) {
+	ctx = context.WithoutCancel(ctx) // the last batches commit after ctx ends
 	t := time.NewTicker(r.cfg.CheckpointInterval)
 	defer t.Stop()
 	var written uint64
-	write := func(ctx context.Context) {
+	write := func(timeout time.Duration) {
 		cur := r.checkpoint.Load()
 		if cur <= written {
 			return
 		}
-		if _, err := r.db.Exec(ctx, CheckpointAdvanceSQL, r.proj.Name(), int64(cur)); err != nil {
-			if ctx.Err() == nil {
-				r.logger.WarnContext(ctx, "write the checkpoint; will try again", "checkpoint", cur, "err", err)
-			}
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		if _, err := r.db.Exec(wctx, CheckpointAdvanceSQL, r.proj.Name(), int64(cur)); err != nil {
+			r.logger.WarnContext(ctx, "write the checkpoint; will try again", "checkpoint", cur, "err", err)
 			return
 		}
 		written = cur
 	}
 	for {
 		select {
-		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			write(fctx)
-			cancel()
+		case <-done:
+			write(time.Second)
 			return
 		case <-t.C:
-			write(ctx)
+			write(r.cfg.CheckpointInterval)
 		}
 	}
 }

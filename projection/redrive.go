@@ -82,9 +82,10 @@ func (r *Runner) redriveLoop(ctx context.Context) {
 func (r *Runner) redrive(ctx context.Context) (int, error) {
 	var taken int
 	var counts [outcomeCount]int64 // of the attempt that committed (InTx may retry)
-	err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
+	var events []*event
+	err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) (err error) {
 		counts = [outcomeCount]int64{}
-		events, err := storedEvents(ctx, tx, redriveClause, r.proj.Name(), r.cfg.BatchSize)
+		events, err = storedEvents(ctx, tx, redriveClause, r.proj.Name(), r.cfg.BatchSize)
 		if err != nil {
 			return err
 		}
@@ -100,6 +101,7 @@ func (r *Runner) redrive(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("re-drive parked events: %w", err)
 	}
+	r.advanceCheckpoint(events)
 	for o, n := range counts {
 		r.stats[o].Add(n)
 	}

@@ -332,7 +332,9 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { r.redriveLoop(ctx) })
-	wg.Go(func() { r.checkpointLoop(ctx) })
+	workersDone, checkpointed := make(chan struct{}), make(chan struct{})
+	go func() { defer close(checkpointed); r.checkpointLoop(ctx, workersDone) }()
+	defer func() { close(workersDone); <-checkpointed }() // after wg.Wait: the last batches' checkpoint too
 	for range r.cfg.Workers {
 		wg.Go(func() {
 			var lastEnd time.Time // of this worker's previous batch

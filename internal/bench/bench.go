@@ -52,7 +52,7 @@ type Config struct {
 	// PayRate, if positive, is the pay → paid phase's rate per second,
 	// whatever the create rate (to compare two builds at the same load).
 	PayRate float64
-	Out      io.Writer
+	Out     io.Writer
 }
 
 // Row is one measured line of the table.

@@ -46,10 +46,8 @@ type Settings struct {
 }
 
 // Ensure creates the stream, or updates it to the settings here. It is safe
-// to call from every process at start-up. A stream that already has these
-// settings is left alone: every projection runner calls Ensure, and an
-// update request each time would be work for the server (and, in
-// nats-server 2.15, races with consumers being created at the same moment).
+// to call from every process at start-up, all at once. A stream that already
+// has these settings is left alone (see apply).
 func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstream.Stream, error) {
 	window := DuplicateWindow
 	if set.DuplicateWindow > 0 {
@@ -67,10 +65,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstrea
 		// or not at all, and synced to disk once (see package outbox).
 		AllowAtomicPublish: true,
 	}
-	if s, err := js.Stream(ctx, Name); err == nil && upToDate(s.CachedInfo().Config, cfg) {
-		return s, nil
-	}
-	s, err := js.CreateOrUpdateStream(ctx, cfg)
+	s, err := apply(ctx, js, cfg)
 	if err != nil {
 		// A server older than 2.12 does not know atomic batches, and one
 		// that refuses unknown fields refuses the whole request: ask for
@@ -83,12 +78,40 @@ func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstrea
 		}
 		cfg.AllowAtomicPublish = false
 		var retryErr error
-		if s, retryErr = js.CreateOrUpdateStream(ctx, cfg); retryErr == nil {
+		if s, retryErr = apply(ctx, js, cfg); retryErr == nil {
 			return s, nil
 		}
 		return nil, fmt.Errorf("create or update stream %s: %w", Name, err)
 	}
 	return s, nil
+}
+
+// apply makes the stream have cfg. It creates a missing stream rather than
+// asking for an update first: processes (and a projector's runners) that
+// start together all find no stream, and an update that one of them sent
+// after another had created it would change the stream while the first
+// one's consumers are being created, which nats-server does not guard
+// (a data race between fileStore.UpdateConfig and ConsumerStore). A create
+// of an identical stream is a no-op on the server; only a stream that
+// really has other settings is updated.
+func apply(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	s, err := js.Stream(ctx, cfg.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = js.CreateStream(ctx, cfg)
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return s, err
+		}
+		// Created at this moment by another process, with other
+		// settings: look at it and update it below.
+		s, err = js.Stream(ctx, cfg.Name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if upToDate(s.CachedInfo().Config, cfg) {
+		return s, nil
+	}
+	return js.UpdateStream(ctx, cfg)
 }
 
 // Open returns the stream as it is, whatever its settings, or creates it

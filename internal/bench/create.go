@@ -135,12 +135,13 @@ func (r *runner) burstLag(ctx context.Context, clients int) error {
 // report's Profiles, under name).
 func (r *runner) profiled(ctx context.Context, name string, measure func() Row) Row {
 	tracked := r.statementsReset(ctx)
+	stages := r.scrapeStages(ctx)
 	before, start := cpuTicks(r.cfg.Dir), time.Now()
 	row := measure()
 	took := time.Since(start)
 	cpu := cpuSince(r.cfg.Dir, before, took)
 	row.Note = strings.TrimPrefix(row.Note+"; CPU (% of one core): "+cpu, "; ")
-	profile := fmt.Sprintf("CPU (%% of one core): %s\n", cpu)
+	profile := fmt.Sprintf("CPU (%% of one core): %s\n\n%s", cpu, stagesSince(stages, r.scrapeStages(ctx)))
 	if tracked {
 		top, err := r.statementsTop(ctx, row.Rate*took.Seconds(), 30)
 		if err != nil {

@@ -35,6 +35,9 @@ func TestNewRelayValidatesConfig(t *testing.T) {
 		{outbox.Config{DuplicateWindow: -time.Second}, "DuplicateWindow"},
 		{outbox.Config{Linger: -time.Millisecond}, "Linger"},
 		{outbox.Config{Linger: 2 * time.Second}, "Linger"},
+		{outbox.Config{MinAtomicBatch: 1}, "MinAtomicBatch"},
+		{outbox.Config{MinAtomicBatch: -2}, "MinAtomicBatch"},
+		{outbox.Config{MinAtomicBatch: 2}, ""},
 	} {
 		_, err := outbox.NewRelay(nil, nil, logger, tc.cfg)
 		switch {

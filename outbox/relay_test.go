@@ -45,7 +45,7 @@ func TestRelayPublishesOnceAndRepublishIsAbsorbed(t *testing.T) {
 		}
 	}
 
-	relay := newRelay(t, db, js, outbox.Config{BatchSize: 10, Workers: 1})
+	relay := newRelay(t, db, js, outbox.Config{BatchSize: 10, Workers: 1, MinAtomicBatch: 2})
 	for {
 		claimed, err := relay.RelayBatch(ctx)
 		if err != nil {
@@ -273,6 +273,37 @@ func relayAll(t *testing.T, relay *outbox.Relay) {
 	}
 }
 
+// A claim smaller than MinAtomicBatch goes out message by message (an
+// atomic batch's staging would cost nats-server more than the syncs it
+// saves); one of MinAtomicBatch events or more goes out as one atomic batch.
+func TestOnlyLargeBatchesGoOutAtomically(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, js, s := newPipeline(t, stream.Settings{})
+	relay := newRelay(t, db, js, outbox.Config{Workers: 1, MinAtomicBatch: 4})
+	createOrders(t, db, 3, "small")
+	if _, err := relay.RelayBatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := relay.Stats(); st.Published != 3 || st.AtomicBatches != 0 {
+		t.Fatalf("after a claim of 3: %+v; want 3 published, no atomic batch", st)
+	}
+	createOrders(t, db, 4, "large")
+	if _, err := relay.RelayBatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := relay.Stats(); st.Published != 7 || st.AtomicBatches != 1 || st.Fallbacks != 0 {
+		t.Fatalf("after a claim of 4: %+v; want 7 published, in 1 atomic batch", st)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := unpublished(t, db); n != 0 || info.State.Msgs != 7 {
+		t.Fatalf("%d rows unpublished, stream holds %d messages; want 0 and 7", n, info.State.Msgs)
+	}
+}
+
 // A stream that does not take atomic batches (created before they were
 // allowed, or on a server too old for them) still gets every event once:
 // the relay learns it from JetStream's refusal and publishes message by
@@ -281,7 +312,7 @@ func TestRelayWithoutAtomicBatchesPublishesEachMessage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, js, s := newPipeline(t, stream.Settings{})
-	relay := newRelay(t, db, js, outbox.Config{BatchSize: 5, Workers: 1})
+	relay := newRelay(t, db, js, outbox.Config{BatchSize: 5, Workers: 1, MinAtomicBatch: 2})
 	createOrders(t, db, 5, "a")
 	if _, err := relay.RelayBatch(ctx); err != nil {
 		t.Fatal(err)

@@ -110,7 +110,7 @@ WHERE datname = current_database() AND query LIKE 'LISTEN %outbox%'`).Scan(&n)
 func TestRelayLingerCoalescesCommitsIntoOneBatch(t *testing.T) {
 	t.Parallel()
 	db, js, _ := newPipeline(t, stream.Settings{})
-	relay := newRelay(t, db, js, outbox.Config{Workers: 1, PollInterval: time.Hour, Linger: time.Second})
+	relay := newRelay(t, db, js, outbox.Config{Workers: 1, PollInterval: time.Hour, Linger: time.Second, MinAtomicBatch: 2})
 	runRelay(t, relay)
 
 	// Idle: the first event goes out alone. (The relay's listener wakes it

@@ -383,7 +383,7 @@ func (r *runner) pgbenchRun(ctx context.Context, name, script string, clients in
 	if err != nil {
 		return 0, err
 	}
-	out, err := exec.CommandContext(ctx, bin, "-h", "127.0.0.1", "-p", fmt.Sprint(r.s.pgPort), "-U", "postgres", "-n",
+	out, err := exec.CommandContext(ctx, bin, "-h", r.s.socketDir, "-p", fmt.Sprint(r.s.pgPort), "-U", "postgres", "-n",
 		"-M", "prepared", "-f", file, "-c", fmt.Sprint(clients), "-j", fmt.Sprint(min(clients, 2)),
 		length[0], length[1], "orders").CombinedOutput()
 	if err != nil {

@@ -115,7 +115,8 @@ type Config struct {
 	// atomic batch costs nats-server a fixed 2.5–6 ms (a staging file
 	// store created, synced and deleted), a message published alone about
 	// 0.25 ms (its own sync): they break even near 16 events
-	// (BenchmarkPublishBatch). At least 2; default DefaultMinAtomicBatch.
+	// (BenchmarkPublishBatch). At least 2; default DefaultMinAtomicBatch;
+	// above BatchSize it turns atomic batches off.
 	MinAtomicBatch int
 	// PublishSeconds, if set, observes how long each batch took to publish,
 	// from its first message sent to its last PubAck, in seconds.

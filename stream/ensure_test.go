@@ -85,4 +85,12 @@ func TestConcurrentFirstStartsCreateAndNeverUpdate(t *testing.T) {
 	if n := updates(); n != 1 {
 		t.Errorf("%d stream updates in all after a change of the window, want 1", n)
 	}
+
+	// Open (the consumers' call) takes the stream as it is.
+	if s, err = stream.Open(ctx, js, stream.Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config.Duplicates; got != time.Minute || updates() != 1 {
+		t.Errorf("after Open with the default settings: window %v, %d updates in all; want 1m and 1", got, updates())
+	}
 }

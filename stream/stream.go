@@ -49,75 +49,14 @@ type Settings struct {
 // to call from every process at start-up, all at once. A stream that already
 // has these settings is left alone (see apply).
 func Ensure(ctx context.Context, js jetstream.JetStream, set Settings) (jetstream.Stream, error) {
-	window := DuplicateWindow
-	if set.DuplicateWindow > 0 {
-		window = set.DuplicateWindow
-	}
-	cfg := jetstream.StreamConfig{
-		Name:        Name,
-		Description: "Order events from the outbox, in per-aggregate order",
-		Subjects:    []string{Subjects},
-		Storage:     jetstream.FileStorage,
-		Retention:   jetstream.LimitsPolicy,
-		Duplicates:  window,
-		Replicas:    max(set.Replicas, DefaultReplicas),
-		// The relay publishes each claim as one atomic batch: stored all
-		// or not at all, and synced to disk once (see package outbox).
-		AllowAtomicPublish: true,
-	}
-	s, err := apply(ctx, js, cfg)
-	if err != nil {
-		// A server older than 2.12 does not know atomic batches, and one
-		// that refuses unknown fields refuses the whole request: ask for
-		// the stream without them (the relay then publishes message by
-		// message). A newer server's error is something else (a cluster
-		// still electing its leader, say): return it, so the caller tries
-		// again, rather than settle for a stream without atomic batches.
-		if !olderThanAtomic(js.Conn().ConnectedServerVersion()) {
-			return nil, fmt.Errorf("create or update stream %s: %w", Name, err)
-		}
-		cfg.AllowAtomicPublish = false
-		var retryErr error
-		if s, retryErr = apply(ctx, js, cfg); retryErr == nil {
-			return s, nil
-		}
-		return nil, fmt.Errorf("create or update stream %s: %w", Name, err)
-	}
-	return s, nil
-}
-
-// apply makes the stream have cfg. It creates a missing stream rather than
-// asking for an update first: processes (and a projector's runners) that
-// start together all find no stream, and an update that one of them sent
-// after another had created it would change the stream while the first
-// one's consumers are being created, which nats-server does not guard
-// (a data race between fileStore.UpdateConfig and ConsumerStore). A create
-// of an identical stream is a no-op on the server; only a stream that
-// really has other settings is updated.
-func apply(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
-	s, err := js.Stream(ctx, cfg.Name)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		s, err = js.CreateStream(ctx, cfg)
-		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return s, err
-		}
-		// Created at this moment by another process, with other
-		// settings: look at it and update it below.
-		s, err = js.Stream(ctx, cfg.Name)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if upToDate(s.CachedInfo().Config, cfg) {
-		return s, nil
-	}
-	return js.UpdateStream(ctx, cfg)
+	return ensure(ctx, js, set, true)
 }
 
 // Open returns the stream as it is, whatever its settings, or creates it
 // with set if there is none yet. Consumers (the projectors) call Open: the
 // relay, which writes to the stream, owns its settings through Ensure, and a
-// projector started with other flags must not change them.
+// projector started with other flags must not change them, not even when
+// another process creates the stream at the same moment with other settings.
 func Open(ctx context.Context, js jetstream.JetStream, set Settings) (jetstream.Stream, error) {
 	s, err := js.Stream(ctx, Name)
 	if err == nil {
@@ -126,12 +65,70 @@ func Open(ctx context.Context, js jetstream.JetStream, set Settings) (jetstream.
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("look up stream %s: %w", Name, err)
 	}
-	return Ensure(ctx, js, set)
+	return ensure(ctx, js, set, false)
+}
+
+func ensure(ctx context.Context, js jetstream.JetStream, set Settings, update bool) (jetstream.Stream, error) {
+	window := DuplicateWindow
+	if set.DuplicateWindow > 0 {
+		window = set.DuplicateWindow
+	}
+	version := js.Conn().ConnectedServerVersion()
+	cfg := jetstream.StreamConfig{
+		Name:        Name,
+		Description: "Order events from the outbox, in per-aggregate order",
+		Subjects:    []string{Subjects},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  window,
+		Replicas:    max(set.Replicas, DefaultReplicas),
+		// The relay publishes a large claim as one atomic batch: stored
+		// all or not at all, and synced to disk once (see package outbox).
+		// A server older than 2.12 does not know them: one that ignores
+		// unknown fields would report the setting off after every update
+		// (and the stream never up to date), one that refuses them would
+		// refuse the whole request. The relay then publishes message by
+		// message. (Not connected at this moment, the version is unknown:
+		// ask for them; the caller retries what fails.)
+		AllowAtomicPublish: version == "" || !olderThanAtomic(version),
+	}
+	s, err := apply(ctx, js, cfg, update)
+	if err != nil {
+		return nil, fmt.Errorf("create or update stream %s: %w", Name, err)
+	}
+	return s, nil
+}
+
+// apply makes the stream have cfg, or, without update, only creates it if
+// it is missing. It creates a missing stream rather than asking for an
+// update first: processes (and a projector's runners) that start together
+// all find no stream, and an update that one of them sent after another had
+// created it would change the stream while the first one's consumers are
+// being created, which nats-server does not guard (a data race between
+// fileStore.UpdateConfig and ConsumerStore). A create of an identical
+// stream is a no-op on the server; only a stream that really has other
+// settings is updated.
+func apply(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, update bool) (jetstream.Stream, error) {
+	s, err := js.Stream(ctx, cfg.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = js.CreateStream(ctx, cfg)
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return s, err
+		}
+		// Created at this moment by another process, with other
+		// settings: look at it (and update it below, if we may).
+		s, err = js.Stream(ctx, cfg.Name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !update || upToDate(s.CachedInfo().Config, cfg) {
+		return s, nil
+	}
+	return js.UpdateStream(ctx, cfg)
 }
 
 // upToDate reports whether the stream's config has every setting of want.
-// A server without atomic batches reports AllowAtomicPublish false where
-// want asks for it: Ensure's update then falls back as on creation.
 func upToDate(have, want jetstream.StreamConfig) bool {
 	return have.Description == want.Description &&
 		slices.Equal(have.Subjects, want.Subjects) &&

@@ -47,7 +47,7 @@ type apiConfig struct {
 	bodyTimeout, tokenCacheTTL     time.Duration
 	acceptLegacyTokens             bool
 	relayPartitions, relayWorkers  int
-	relayBatch                     int
+	relayBatch, relayMinAtomic     int
 	relayRetention                 time.Duration
 	logFormat, logLevel            string
 	pprofAddr                      string
@@ -72,7 +72,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	var natsURL, httpAddr, tenant, name, token *string
 	var expires *time.Duration
 	var relay, acceptLegacy *bool
-	var replicas, poolSize, maxInFlight, relayPartitions, relayWorkers, relayBatch *int
+	var replicas, poolSize, maxInFlight, relayPartitions, relayWorkers, relayBatch, relayMinAtomic *int
 	var tenantInFlight, tenantWaiting, tenantRate, tenantBurst *int
 	var bodyTimeout, tokenCacheTTL *time.Duration
 	var relayRetention *time.Duration
@@ -103,7 +103,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		acceptLegacy = env.Bool(fs, "accept-legacy-tokens", "ACCEPT_LEGACY_TOKENS", false, "accept tokens made before tokens had a checksum (each forged one then costs a database query)")
 		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", outbox.DefaultMaxPartitions, fmt.Sprintf("most outbox partitions (of %d) this relay publishes", outbox.Partitions))
 		relayWorkers = env.Int(fs, "relay-workers", "RELAY_WORKERS", outbox.DefaultWorkers, "relay workers in this process (each owns a share of its partitions)")
-		relayBatch = env.Int(fs, "relay-batch", "RELAY_BATCH", outbox.DefaultBatchSize, fmt.Sprintf("outbox rows per relay batch (1 to %d, one JetStream atomic batch)", outbox.MaxBatchSize))
+		relayBatch = env.Int(fs, "relay-batch", "RELAY_BATCH", outbox.DefaultBatchSize, fmt.Sprintf("outbox rows per relay batch (1 to %d)", outbox.MaxBatchSize))
+		relayMinAtomic = env.Int(fs, "relay-min-atomic-batch", "RELAY_MIN_ATOMIC_BATCH", outbox.DefaultMinAtomicBatch, "fewest events a relay batch holds to go out as one JetStream atomic batch (at least 2; smaller batches go message by message; above -relay-batch: never)")
 		relayRetention = env.Duration(fs, "relay-retention", "RELAY_RETENTION", 0, "prune published outbox rows after this long (0: keep; rebuilds need them)")
 		pprofAddr = env.String(fs, "pprof-addr", "PPROF_ADDR", "", pprofUsage)
 	case "token create":
@@ -135,7 +136,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		c.replicas, c.poolSize, c.maxInFlight = *replicas, *poolSize, *maxInFlight
 		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
 		c.pprofAddr = *pprofAddr
-		c.relayBatch = *relayBatch
+		c.relayBatch, c.relayMinAtomic = *relayBatch, *relayMinAtomic
 		c.tenantLimits = httpapi.TenantLimitConfig{
 			MaxInFlight: *tenantInFlight, MaxWaiting: *tenantWaiting, Rate: float64(*tenantRate), Burst: *tenantBurst,
 		}
@@ -167,6 +168,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-relay-workers must be 1 to -relay-partitions (%d), got %d", c.relayPartitions, c.relayWorkers)
 		case c.relayBatch < 1 || c.relayBatch > outbox.MaxBatchSize:
 			return c, fmt.Errorf("-relay-batch must be 1 to %d, got %d", outbox.MaxBatchSize, c.relayBatch)
+		case c.relayMinAtomic < 2:
+			return c, fmt.Errorf("-relay-min-atomic-batch must be at least 2, got %d", c.relayMinAtomic)
 		case c.relayRetention < 0:
 			return c, fmt.Errorf("-relay-retention must not be negative, got %s", c.relayRetention)
 		}
@@ -319,7 +322,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		reg.MustRegister(publish, delay)
 		relay, err := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{
 			StreamReplicas: cfg.replicas, MaxPartitions: cfg.relayPartitions, Workers: cfg.relayWorkers,
-			Retention: cfg.relayRetention, BatchSize: cfg.relayBatch,
+			Retention: cfg.relayRetention, BatchSize: cfg.relayBatch, MinAtomicBatch: cfg.relayMinAtomic,
 			PublishSeconds: publish, CommitToPublishedSeconds: delay,
 		})
 		if err != nil {

@@ -26,6 +26,9 @@ func TestThreeNodeClusterSurvivesANodeLoss(t *testing.T) {
 		"NATS_URL":        urls,
 		"STREAM_REPLICAS": "3",
 		"LOG_FORMAT":      "json",
+		// Every batch of two or more goes out atomically, so that this short
+		// run has some (a replicated stream stages them in memory).
+		"RELAY_MIN_ATOMIC_BATCH": "2",
 	}
 	api := start(t, "api", app.RunAPI, env)
 	start(t, "projector", app.RunProjector, env)

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -218,9 +217,12 @@ func socketDir(ctx context.Context, port int) (string, error) {
 	if err := conn.QueryRow(ctx, "SHOW unix_socket_directories").Scan(&dirs); err != nil {
 		return "", err
 	}
-	dir, _, _ := strings.Cut(dirs, ",")
-	if dir = strings.Trim(strings.TrimSpace(dir), `"`); dir == "" {
-		return "", errors.New("PostgreSQL listens on no Unix socket (unix_socket_directories is empty)")
+	// The first absolute directory (scripts/pg.sh sets one, unquoted; a
+	// comma in it would break the connection strings anyway).
+	for dir := range strings.SplitSeq(dirs, ",") {
+		if dir = strings.Trim(strings.TrimSpace(dir), `"`); filepath.IsAbs(dir) {
+			return dir, nil
+		}
 	}
-	return dir, nil
+	return "", fmt.Errorf("PostgreSQL listens on no Unix socket directory the bench can use (unix_socket_directories = %q)", dirs)
 }

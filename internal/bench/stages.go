@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -36,28 +37,42 @@ type histogram struct {
 }
 
 // scrapeStages reads the stage histograms from the stack's processes, by
-// series ("name{labels}" without le).
+// series ("name{labels}" without le). A process whose scrape fails is left
+// out (its stages then have no row).
 func (r *runner) scrapeStages(ctx context.Context) map[string]*histogram {
 	ports := map[string]int{"api": r.s.apiPort, "worker": r.s.workerPort, "projector": r.s.projPort}
 	out := map[string]*histogram{}
 	for process, port := range ports {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), nil)
-		req.Header.Set("Accept", "text/plain") // the classic buckets, not the protobuf native ones
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			cancel()
-			continue
+		if got, err := scrapeProcess(ctx, process, port); err == nil {
+			maps.Copy(out, got)
 		}
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-		for sc.Scan() {
-			parseStageLine(process, sc.Text(), out)
-		}
-		resp.Body.Close()
-		cancel()
 	}
 	return out
+}
+
+func scrapeProcess(ctx context.Context, process string, port int) (map[string]*histogram, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/plain") // the classic buckets, not the protobuf native ones
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scrape %s: %s", process, resp.Status)
+	}
+	out := map[string]*histogram{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		parseStageLine(process, sc.Text(), out)
+	}
+	return out, sc.Err()
 }
 
 // parseStageLine adds one exposition line to out if it belongs to a stage
@@ -113,20 +128,21 @@ func parseStageLine(process, line string, out map[string]*histogram) {
 	}
 }
 
-// minus is h's observations since before (a scrape of the same series).
-func (h *histogram) minus(before *histogram) *histogram {
-	d := &histogram{les: h.les, counts: slices.Clone(h.counts), sum: h.sum, count: h.count}
-	if before == nil {
-		return d
+// minus is h's observations since before (a scrape of the same series),
+// or false if the two do not make a difference: no scrape before, other
+// buckets, fewer observations now (the process restarted).
+func (h *histogram) minus(before *histogram) (*histogram, bool) {
+	if before == nil || !slices.Equal(h.les, before.les) || before.count > h.count {
+		return nil, false
 	}
+	d := &histogram{les: h.les, counts: slices.Clone(h.counts), sum: h.sum - before.sum, count: h.count - before.count}
 	for i := range d.counts {
-		if i < len(before.counts) && before.les[i] == d.les[i] {
-			d.counts[i] -= before.counts[i]
+		d.counts[i] -= before.counts[i]
+		if d.counts[i] < 0 {
+			return nil, false
 		}
 	}
-	d.sum -= before.sum
-	d.count -= before.count
-	return d
+	return d, true
 }
 
 // quantile estimates the q-quantile in seconds by linear interpolation
@@ -166,8 +182,8 @@ func stagesSince(before, after map[string]*histogram) string {
 	var b strings.Builder
 	b.WriteString("| stage (histogram) | observations | mean ms | p50 ms | p99 ms |\n| --- | ---: | ---: | ---: | ---: |\n")
 	for _, name := range names {
-		d := after[name].minus(before[name])
-		if d.count <= 0 {
+		d, ok := after[name].minus(before[name])
+		if !ok || d.count <= 0 {
 			continue
 		}
 		fmt.Fprintf(&b, "| `%s` | %.0f | %.1f | %.1f | %.1f |\n", strings.TrimPrefix(name, "orders_"), d.count,

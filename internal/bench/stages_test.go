@@ -35,8 +35,8 @@ orders_relay_publish_seconds_bucket{le="+Inf"} 1
 orders_relay_publish_seconds_sum 0.002
 orders_relay_publish_seconds_count 1`)
 	series := `orders_projection_commit_to_applied_seconds{projection="order_views"}`
-	d := after[series].minus(before[series])
-	if d.count != 100 || math.Abs(d.sum-5) > 1e-9 {
+	d, ok := after[series].minus(before[series])
+	if !ok || d.count != 100 || math.Abs(d.sum-5) > 1e-9 {
 		t.Fatalf("difference: count %v sum %v, want 100 and 5", d.count, d.sum)
 	}
 	// All 100 new observations lie in (0.01, 0.1]: the median interpolates
@@ -50,5 +50,13 @@ orders_relay_publish_seconds_count 1`)
 	}
 	if strings.Contains(table, "relay_publish") {
 		t.Errorf("a histogram with no new observations is in the table:\n%s", table)
+	}
+	// A series that was not there before (its process's scrape failed), or
+	// that went back (its process restarted), is no difference.
+	if _, ok := after[series].minus(nil); ok {
+		t.Error("a difference from no scrape")
+	}
+	if _, ok := before[series].minus(after[series]); ok {
+		t.Error("a difference from a later scrape")
 	}
 }

@@ -43,16 +43,65 @@ func (h CreateOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd CreateOrd
 // Run runs cmd under its Idempotency-Key with idem, in one transaction with
 // the key row, and returns the response render made of the outcome (or the
 // stored one, for a retry). See Idempotency.Do for the errors.
+//
+// The order is minted and its response rendered before the transaction, and
+// written in the statement that claims the key, with the response in the key
+// row (a Preclaim): BEGIN, the claim, COMMIT.
 func (h CreateOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderRequest[CreateOrder], render Render) (Result, error) {
-	return runKeyed(ctx, idem, h, req, render)
+	keyed := KeyedRequest{TenantID: req.TenantID, Scope: req.Scope, Key: req.Key, Command: req.Command}
+	order, env, err := h.mint(req.Command)
+	if err != nil {
+		if domain.KindOf(err) == "" {
+			return Result{}, err
+		}
+		// Refused by a rule: rendered and stored like any refusal.
+		return runKeyed(ctx, idem, h, req, render)
+	}
+	resp, err := render(Outcome{Order: order, Changed: true})
+	if err != nil {
+		return Result{}, err
+	}
+	return idem.DoPreclaimed(ctx, keyed, req.Wait, Preclaim{
+		Response: resp,
+		SQL:      KeyedOrderCreateSQL,
+		Args: func(ctx context.Context) []any {
+			return orderCreateArgs(ctx, order, req.Command.Key, env)
+		},
+		Otherwise: func(ctx context.Context, tx pgx.Tx) (Response, error) {
+			existing, err := orderIDByKey(ctx, tx, req.Command.TenantID, req.Command.Key)
+			if err != nil {
+				return Response{}, err
+			}
+			return render(Outcome{Refusal: createdBefore(existing)})
+		},
+	})
+}
+
+// mint builds the order cmd creates and its created event, or refuses cmd.
+func (h CreateOrderHandler) mint(cmd CreateOrder) (domain.Order, domain.Envelope, error) {
+	order, created, err := domain.CreateOrder(newID(), cmd.TenantID, cmd.NewOrder, h.now())
+	if err != nil {
+		return domain.Order{}, domain.Envelope{}, err
+	}
+	env, err := domain.NewEnvelope(newID(), order, created, order.CreatedAt)
+	if err != nil {
+		return domain.Order{}, domain.Envelope{}, err
+	}
+	return order, env, nil
+}
+
+// createdBefore is the refusal of a create whose key created order existing
+// before (the key's row has expired since).
+func createdBefore(existing uuid.UUID) error {
+	return &domain.Error{
+		Kind:       domain.KindConflict,
+		Message:    "an order was already created with this Idempotency-Key; its key record has expired",
+		ResourceID: existing.String(),
+	}
 }
 
 func (h CreateOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd CreateOrder) (domain.Order, bool, error) {
-	order, created, err := domain.CreateOrder(newID(), cmd.TenantID, cmd.NewOrder, h.now())
-	if err != nil {
-		return domain.Order{}, false, err
-	}
-	env, err := domain.NewEnvelope(newID(), order, created, order.CreatedAt)
+	order, env, err := h.mint(cmd)
 	if err != nil {
 		return domain.Order{}, false, err
 	}
@@ -61,11 +110,7 @@ func (h CreateOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd CreateOrd
 		return domain.Order{}, false, err
 	}
 	if existing != uuid.Nil {
-		return domain.Order{}, false, &domain.Error{
-			Kind:       domain.KindConflict,
-			Message:    "an order was already created with this Idempotency-Key; its key record has expired",
-			ResourceID: existing.String(),
-		}
+		return domain.Order{}, false, createdBefore(existing)
 	}
 	return order, true, nil
 }

@@ -105,6 +105,34 @@ func (e *KeyQuotaError) Is(target error) bool { return target == ErrKeyQuotaExce
 // a retry, which finds the same nothing, gets the same answer.
 type Executor func(ctx context.Context, tx pgx.Tx) (Response, error)
 
+// A Preclaim runs a command whose response is known before it runs and
+// whose writes fit in the statement that claims the key: a create, which
+// mints its order's id and writes rows nobody else has. Do then sends one
+// statement that inserts the key row with the response already in it and,
+// only if that insert claimed the key, writes the command's rows; it saves
+// a create the round trip and the second write of its key row that storing
+// the response afterwards (KeyComplete) costs. A key taken by another
+// request writes nothing, and Do replays or refuses as for an Executor.
+type Preclaim struct {
+	// Response is what the command answers when its writes go through;
+	// stored with the key. It must be storable: 2xx to 4xx, not 404, not
+	// 429, not Unstored.
+	Response Response
+	// SQL is the claim statement, a KeyInsertCTE named k followed by the
+	// command's writes, each conditional on a row in k, and returning two
+	// columns: k's expires_at (NULL if the key was not claimed) and the
+	// number of rows the command wrote (0 if its writes found their own
+	// conflict). Its parameters $1 to $10 are the key's, as KeyInsertCTE
+	// names them; Args returns $11 on, given the context of the command's
+	// span (so that trace context it writes names the command).
+	SQL  string
+	Args func(ctx context.Context) []any
+	// Otherwise renders the response when the key was claimed and the
+	// writes found their own conflict (wrote 0 rows); Do stores it in place
+	// of Response. It runs in the key's transaction.
+	Otherwise Executor
+}
+
 // Idempotency runs commands at most once per (tenant, scope, key) and replays
 // the stored response to every retry. It is safe for any number of concurrent
 // callers in any number of processes sharing the database.
@@ -223,6 +251,21 @@ func NewIdempotency(db postgres.DB, cfg IdempotencyConfig) (*Idempotency, error)
 // tenant at its quota; at the quota a key still in flight is waited for
 // like any duplicate, then replayed.
 func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Duration, exec Executor) (Result, error) {
+	return s.do(ctx, req, wait, exec, nil)
+}
+
+// DoPreclaimed is Do for a command that writes in its key's claim (see
+// Preclaim): the same guarantees, in one round trip fewer.
+func (s *Idempotency) DoPreclaimed(ctx context.Context, req KeyedRequest, wait time.Duration, pre Preclaim) (Result, error) {
+	if r := pre.Response; r.Status < 200 || r.Status >= 500 || r.Status == http.StatusNotFound ||
+		r.Status == http.StatusTooManyRequests || r.Unstored {
+		return Result{}, fmt.Errorf("preclaimed response with status %d (unstored %v) cannot be stored", r.Status, r.Unstored)
+	}
+	return s.do(ctx, req, wait, pre.Otherwise, &pre)
+}
+
+// do is Do, or DoPreclaimed when pre is set (exec is then pre.Otherwise).
+func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Duration, exec Executor, pre *Preclaim) (Result, error) {
 	canonical, err := canonicalJSON(req.Command)
 	if err != nil {
 		return Result{}, fmt.Errorf("canonical form of %s: %w", req.Scope, err)
@@ -264,7 +307,7 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 				// for it like any duplicate; if it claims, the key is new
 				// and is refused (the rollback stores nothing).
 			}
-			claimed, expiresAt, took, err := s.claim(ctx, tx, req, fp, canonical, wait)
+			claimed, written, expiresAt, took, err := s.claim(ctx, tx, req, fp, canonical, wait, pre)
 			timedOut := postgres.HasCode(err, postgres.CodeLockNotAvailable)
 			if took >= waitThreshold || timedOut {
 				outcome |= outcomeWaited
@@ -280,6 +323,11 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 				return fmt.Errorf("claim idempotency key: %w", err)
 			case claimed && !reserved:
 				return &KeyQuotaError{Quota: int(s.quota.limit), RetryAfter: s.quota.retryAfter()}
+			case claimed && written:
+				// Preclaimed: the response went in with the key row.
+				res = Result{Response: pre.Response, ExpiresAt: expiresAt}
+				outcome |= outcomeCreated
+				return nil
 			case claimed:
 				resp, err := exec(ctx, tx)
 				if err != nil {
@@ -462,22 +510,41 @@ func (s *Idempotency) DeleteExpired(ctx context.Context, batch int) (int64, erro
 // request holds the key. took is how long the round trip took: at least
 // waitThreshold, the insert was held up by another transaction. A wait past
 // the bound is an error with SQLSTATE 55P03.
-func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration) (claimed bool, expiresAt time.Time, took time.Duration, err error) {
+func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration, pre *Preclaim) (claimed, written bool, expiresAt time.Time, took time.Duration, err error) {
 	b := &pgx.Batch{}
 	b.Queue(KeyLockTimeout, lockTimeout(wait))
-	b.Queue(KeyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).
-		QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&expiresAt)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
+	if pre == nil {
+		b.Queue(KeyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).
+			QueryRow(func(row pgx.Row) error {
+				err := row.Scan(&expiresAt)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return nil
+				}
+				claimed = err == nil
+				return err
+			})
+	} else {
+		r := pre.Response
+		args := append([]any{req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds(),
+			r.Status, r.Header, r.Body}, pre.Args(ctx)...)
+		b.Queue(pre.SQL, args...).QueryRow(func(row pgx.Row) error {
+			var expires *time.Time
+			var rows int64
+			if err := row.Scan(&expires, &rows); err != nil {
+				return err
 			}
-			claimed = err == nil
-			return err
+			if expires != nil {
+				claimed, written, expiresAt = true, rows > 0, *expires
+			} else if rows > 0 {
+				return fmt.Errorf("claim statement of %s wrote %d rows without claiming the key", req.Scope, rows)
+			}
+			return nil
 		})
+	}
 	b.Queue(KeyLockTimeoutReset)
 	start := time.Now()
 	err = tx.SendBatch(ctx, b).Close()
-	return claimed, expiresAt, time.Since(start), err
+	return claimed, written, expiresAt, time.Since(start), err
 }
 
 type storedKey struct {
@@ -507,6 +574,18 @@ INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_ve
 VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
 ON CONFLICT (tenant_id, scope, key) DO NOTHING
 RETURNING expires_at`
+
+	// KeyInsertCTE claims the key as KeyInsert does, with the response
+	// already in the row ($8 status, $9 headers, $10 body): the first CTE
+	// (k) of a Preclaim's statement, whose writes go on only if it returns
+	// a row.
+	KeyInsertCTE = `k AS (
+    INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at,
+                                  status_code, response_headers, response_body)
+    VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10)
+    ON CONFLICT (tenant_id, scope, key) DO NOTHING
+    RETURNING expires_at
+)`
 
 	// KeyComplete stores the response of a key's execution.
 	KeyComplete = `

@@ -32,9 +32,11 @@ type Outcome struct {
 	Refusal error
 }
 
-// Render turns an Outcome into the response to store and replay. It runs
-// inside the key's transaction and must not block; an error it returns rolls
-// the transaction back and is never stored.
+// Render turns an Outcome into the response to store and replay. It must
+// not block nor depend on the database: it runs inside the key's
+// transaction, or for a create before it (its response goes into the key's
+// row with the order, see Preclaim). An error it returns rolls the
+// transaction back (or ends the request before it) and is never stored.
 type Render func(Outcome) (Response, error)
 
 // orderTx is a command handler that runs inside the key's transaction.

@@ -35,6 +35,31 @@ WITH o AS (
 )
 SELECT count(*) FROM o`
 
+	// KeyedOrderCreateSQL is OrderCreateSQL in the statement that claims
+	// its Idempotency-Key (a Preclaim): the key row, with the response in
+	// it, and then the order, its items and its event, written only if the
+	// key row was inserted. Parameters $1 to $10 are the key's
+	// (KeyInsertCTE), $11 to $29 OrderCreateSQL's $1 to $19. It returns the
+	// key's expires_at (NULL if another request holds the key) and 1 if it
+	// wrote the order (0 if the key created one before).
+	KeyedOrderCreateSQL = `
+WITH ` + KeyInsertCTE + `, o AS (
+    INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
+    SELECT $11, $12, $13, $14, $15, $16, $17, $18, $19, $19
+    WHERE EXISTS (SELECT FROM k)
+    ON CONFLICT (tenant_id, creating_key) DO NOTHING
+    RETURNING tenant_id, id
+), items AS (
+    INSERT INTO order_items (tenant_id, order_id, line_no, sku, quantity, unit_price, line_total)
+    SELECT o.tenant_id, o.id, i.line_no, i.sku, i.quantity, i.unit_price, i.line_total
+    FROM o, unnest($20::int[], $21::text[], $22::bigint[], $23::bigint[], $24::bigint[])
+         AS i(line_no, sku, quantity, unit_price, line_total)
+), event AS (
+    INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_version, event_type, payload, traceparent, tracestate)
+    SELECT $25, o.tenant_id, o.id, $17, $26, $27, $28, $29 FROM o
+)
+SELECT (SELECT expires_at FROM k), (SELECT count(*) FROM o)`
+
 	orderGetIDByKeySQL = `SELECT id FROM orders WHERE tenant_id = $1 AND creating_key = $2`
 
 	orderGetForUpdateSQL = `
@@ -58,6 +83,19 @@ WHERE tenant_id = $1 AND id = $2 AND version = $4::bigint - $14::bigint`
 // an order created with the same key exists, it writes nothing and returns
 // that order's id.
 func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey string, env domain.Envelope) (existing uuid.UUID, err error) {
+	var created int
+	if err := tx.QueryRow(ctx, OrderCreateSQL, orderCreateArgs(ctx, o, creatingKey, env)...).Scan(&created); err != nil {
+		return uuid.Nil, fmt.Errorf("insert order: %w", err)
+	}
+	if created == 1 {
+		return uuid.Nil, nil
+	}
+	return orderIDByKey(ctx, tx, o.TenantID, creatingKey)
+}
+
+// orderCreateArgs are OrderCreateSQL's arguments for o, created under
+// creatingKey with its created event env.
+func orderCreateArgs(ctx context.Context, o domain.Order, creatingKey string, env domain.Envelope) []any {
 	n := len(o.Items)
 	lineNos, skus := make([]int32, n), make([]string, n)
 	quantities, prices, totals := make([]int64, n), make([]int64, n), make([]int64, n)
@@ -65,20 +103,18 @@ func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey str
 		lineNos[i], skus[i] = int32(i+1), it.SKU
 		quantities[i], prices[i], totals[i] = it.Quantity, it.UnitPrice, it.LineTotal
 	}
-	var created int
 	traceparent, tracestate := tracing.Inject(ctx)
-	if err := tx.QueryRow(ctx, OrderCreateSQL, o.TenantID, o.ID, o.CustomerID, o.Status, o.Currency, o.Total, o.Version,
+	return []any{o.TenantID, o.ID, o.CustomerID, o.Status, o.Currency, o.Total, o.Version,
 		creatingKey, o.CreatedAt, lineNos, skus, quantities, prices, totals, env.ID, env.Type, env,
-		nullIfEmpty(traceparent), nullIfEmpty(tracestate)).Scan(&created); err != nil {
-		return uuid.Nil, fmt.Errorf("insert order: %w", err)
-	}
-	if created == 1 {
-		return uuid.Nil, nil
-	}
-	if err := tx.QueryRow(ctx, orderGetIDByKeySQL, o.TenantID, creatingKey).Scan(&existing); err != nil {
+		nullIfEmpty(traceparent), nullIfEmpty(tracestate)}
+}
+
+// orderIDByKey returns the id of the order created under creatingKey.
+func orderIDByKey(ctx context.Context, tx pgx.Tx, tenantID, creatingKey string) (id uuid.UUID, err error) {
+	if err := tx.QueryRow(ctx, orderGetIDByKeySQL, tenantID, creatingKey).Scan(&id); err != nil {
 		return uuid.Nil, fmt.Errorf("find order created by key: %w", err)
 	}
-	return existing, nil
+	return id, nil
 }
 
 // orderGetForUpdate loads an order with its items and locks its row until tx

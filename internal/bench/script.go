@@ -35,12 +35,12 @@ func createOrderScript() string {
 	statements := []string{
 		"BEGIN",
 		bind(command.KeyLockTimeout, `'5000ms'`),
-		bind(command.KeyInsert, tenant, scope, key, `sha256(:n::text::bytea)`, "1", request, "86400"),
-		command.KeyLockTimeoutReset,
-		bind(command.OrderCreateSQL, tenant, orderID, `'c-1'`, `'pending'`, `'EUR'`, "2500", "1", key, "now()",
+		bind(command.KeyedOrderCreateSQL, tenant, scope, key, `sha256(:n::text::bytea)`, "1", request, "86400",
+			"201", `'{"Content-Type":"application/json","ETag":"\"1\""}'`, body,
+			tenant, orderID, `'c-1'`, `'pending'`, `'EUR'`, "2500", "1", key, "now()",
 			"ARRAY[1]", "ARRAY['sku-1']", "ARRAY[2]", "ARRAY[1250]", "ARRAY[2500]", eventID, `'order.created'`, envelope,
 			"NULL", "NULL"), // untraced, as with tracing off
-		bind(command.KeyComplete, tenant, scope, key, "201", `'{"Content-Type":"application/json","ETag":"\"1\""}'`, body),
+		command.KeyLockTimeoutReset,
 		"COMMIT",
 	}
 	return script(statements)

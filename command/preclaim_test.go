@@ -1,0 +1,152 @@
+package command_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/internal/testenv"
+)
+
+// roundTrips counts what a pool sends: each statement outside a batch
+// (BEGIN and COMMIT among them) and each batch, one round trip apiece.
+type roundTrips struct{ n atomic.Int64 }
+
+func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// render is what the HTTP layer renders for a create, without HTTP.
+func render(out command.Outcome) (command.Response, error) {
+	if out.Refusal != nil {
+		return command.Response{Status: http.StatusConflict, Body: []byte(out.Refusal.Error())}, nil
+	}
+	return command.Response{Status: http.StatusCreated, Header: map[string]string{"Location": "/v1/orders/" + out.Order.ID.String()},
+		Body: []byte(out.Order.ID.String())}, nil
+}
+
+// A create is BEGIN, the one statement that claims its key and writes the
+// order with the response in the key row, and COMMIT: three round trips,
+// and the key row written once. A retry replays that response; a key
+// another request holds writes nothing.
+func TestCreateClaimsItsKeyAndWritesTheOrderInOneStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	trips := &roundTrips{}
+	cfg.ConnConfig.Tracer = trips
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour})
+	create := command.NewCreateOrderHandler()
+	run := func(key, customer string) (command.Result, error) {
+		cmd := command.CreateOrder{TenantID: "t1", Key: key, NewOrder: newOrder(customer)}
+		return create.Run(ctx, idem, command.OrderRequest[command.CreateOrder]{
+			TenantID: "t1", Scope: "POST /v1/orders", Key: key, Wait: time.Second, Command: cmd}, render)
+	}
+	if _, err := run("warm-up", "c-1"); err != nil { // counts the tenant's keys once (the quota)
+		t.Fatal(err)
+	}
+
+	before := trips.n.Load()
+	first, err := run("k1", "c-1")
+	if err != nil || first.Status != http.StatusCreated || first.Replayed || first.ExpiresAt.IsZero() {
+		t.Fatalf("create: %+v %v; want a fresh 201 with its key's expiry", first, err)
+	}
+	if n := trips.n.Load() - before; n != 3 {
+		t.Errorf("a create took %d round trips, want 3 (BEGIN, the claim with the order, COMMIT)", n)
+	}
+	var status int
+	var body []byte
+	if err := db.QueryRow(ctx, `SELECT status_code, response_body FROM idempotency_keys WHERE key = 'k1'`).Scan(&status, &body); err != nil {
+		t.Fatal(err)
+	}
+	if status != http.StatusCreated || string(body) != string(first.Body) {
+		t.Errorf("stored response %d %q, want %d %q", status, body, first.Status, first.Body)
+	}
+
+	retry, err := run("k1", "c-1")
+	if err != nil || !retry.Replayed || retry.Status != first.Status || string(retry.Body) != string(first.Body) {
+		t.Fatalf("retry: %+v %v; want the first response replayed", retry, err)
+	}
+	_, err = run("k1", "c-2")
+	var mismatch *command.MismatchError
+	if !errors.As(err, &mismatch) {
+		t.Fatalf("same key, another request: %v; want a mismatch", err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM orders`); n != 2 {
+		t.Fatalf("%d orders after a create, its retry and a mismatch (and the warm-up), want 2", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM outbox`); n != 2 {
+		t.Fatalf("%d outbox events, want 2", n)
+	}
+}
+
+// The key's response is stored with it, so a create at the tenant's key
+// quota is refused before anything it wrote commits.
+func TestPreclaimedCreateAtTheQuotaWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuota: 1, KeyQuotaRefresh: time.Hour})
+	create := command.NewCreateOrderHandler()
+	run := func(key string) (command.Result, error) {
+		cmd := command.CreateOrder{TenantID: "t1", Key: key, NewOrder: newOrder("c-1")}
+		return create.Run(ctx, idem, command.OrderRequest[command.CreateOrder]{
+			TenantID: "t1", Scope: "POST /v1/orders", Key: key, Wait: time.Second, Command: cmd}, render)
+	}
+	if _, err := run("k1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run("k2"); !errors.Is(err, command.ErrKeyQuotaExceeded) {
+		t.Fatalf("second key at a quota of 1: %v; want ErrKeyQuotaExceeded", err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM orders`); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM idempotency_keys`); n != 1 {
+		t.Fatalf("%d keys, want 1", n)
+	}
+}
+
+// A preclaimed response must be one that is stored: a 404, a 429, a 5xx or
+// an unstored one is refused before anything is sent.
+func TestPreclaimRefusesAResponseThatIsNeverStored(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{})
+	for _, resp := range []command.Response{
+		{Status: http.StatusNotFound}, {Status: http.StatusTooManyRequests}, {Status: http.StatusInternalServerError},
+		{Status: http.StatusConflict, Unstored: true}, {Status: 0},
+	} {
+		_, err := idem.DoPreclaimed(context.Background(), command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders", Key: "k", Command: 1},
+			time.Second, command.Preclaim{Response: resp, SQL: command.KeyedOrderCreateSQL, Args: func(context.Context) []any { return nil }})
+		if err == nil {
+			t.Errorf("preclaimed %+v: no error", resp)
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+		t.Fatalf("%d keys, want 0", n)
+	}
+}

@@ -119,9 +119,9 @@ type Preclaim struct {
 	// 429, not Unstored.
 	Response Response
 	// SQL is the claim statement, a KeyInsertCTE named k followed by the
-	// command's writes, each conditional on a row in k, and returning two
-	// columns: k's expires_at (NULL if the key was not claimed) and the
-	// number of rows the command wrote (0 if its writes found their own
+	// command's writes, each conditional on a row in k, and returning three
+	// columns: k's expires_at and took (NULL if the key was not claimed) and
+	// the number of rows the command wrote (0 if its writes found their own
 	// conflict). Its parameters $1 to $10 are the key's, as KeyInsertCTE
 	// names them; Args returns $11 on, given the context of the command's
 	// span (so that trace context it writes names the command).
@@ -307,7 +307,13 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 				// for it like any duplicate; if it claims, the key is new
 				// and is refused (the rollback stores nothing).
 			}
-			claimed, written, expiresAt, took, err := s.claim(ctx, tx, req, fp, canonical, wait, pre)
+			// At the quota a claimed key is refused anyway: claim it alone,
+			// not with the command's writes.
+			claimPre := pre
+			if !reserved {
+				claimPre = nil
+			}
+			claimed, written, expiresAt, took, err := s.claim(ctx, tx, req, fp, canonical, wait, claimPre)
 			timedOut := postgres.HasCode(err, postgres.CodeLockNotAvailable)
 			if took >= waitThreshold || timedOut {
 				outcome |= outcomeWaited
@@ -507,10 +513,14 @@ func (s *Idempotency) DeleteExpired(ctx context.Context, batch int) (int64, erro
 // bound for this statement only (so that nothing else in the transaction,
 // COMMIT included, can time out on it), the insert, and the reset. claimed
 // reports whether the row is now this transaction's; if not, a committed
-// request holds the key. took is how long the round trip took: at least
-// waitThreshold, the insert was held up by another transaction. A wait past
-// the bound is an error with SQLSTATE 55P03.
+// request holds the key. took is how long the key's insert took (for a
+// Preclaim, as the database timed it, without the command's writes): at
+// least waitThreshold, the insert was held up by another transaction. A
+// wait past the bound is an error with SQLSTATE 55P03. (For a Preclaim the
+// bound covers the command's writes too: a lock on its tables held past it,
+// by DDL say, also answers ErrInFlight, which a retry gets past as well.)
 func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration, pre *Preclaim) (claimed, written bool, expiresAt time.Time, took time.Duration, err error) {
+	var keyTook time.Duration
 	b := &pgx.Batch{}
 	b.Queue(KeyLockTimeout, lockTimeout(wait))
 	if pre == nil {
@@ -529,9 +539,13 @@ func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp
 			r.Status, r.Header, r.Body}, pre.Args(ctx)...)
 		b.Queue(pre.SQL, args...).QueryRow(func(row pgx.Row) error {
 			var expires *time.Time
+			var keyed *float64
 			var rows int64
-			if err := row.Scan(&expires, &rows); err != nil {
+			if err := row.Scan(&expires, &keyed, &rows); err != nil {
 				return err
+			}
+			if keyed != nil {
+				keyTook = time.Duration(*keyed * float64(time.Second))
 			}
 			if expires != nil {
 				claimed, written, expiresAt = true, rows > 0, *expires
@@ -544,7 +558,11 @@ func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp
 	b.Queue(KeyLockTimeoutReset)
 	start := time.Now()
 	err = tx.SendBatch(ctx, b).Close()
-	return claimed, written, expiresAt, time.Since(start), err
+	took = time.Since(start)
+	if claimed && pre != nil {
+		took = keyTook
+	}
+	return claimed, written, expiresAt, took, err
 }
 
 type storedKey struct {
@@ -578,13 +596,15 @@ RETURNING expires_at`
 	// KeyInsertCTE claims the key as KeyInsert does, with the response
 	// already in the row ($8 status, $9 headers, $10 body): the first CTE
 	// (k) of a Preclaim's statement, whose writes go on only if it returns
-	// a row.
+	// a row. took is the seconds from the statement's start to the key's row
+	// inserted (the other CTEs read k before they write): the wait for a
+	// request in flight with the key, if any.
 	KeyInsertCTE = `k AS (
     INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at,
                                   status_code, response_headers, response_body)
     VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10)
     ON CONFLICT (tenant_id, scope, key) DO NOTHING
-    RETURNING expires_at
+    RETURNING expires_at, extract(epoch FROM clock_timestamp() - statement_timestamp()) AS took
 )`
 
 	// KeyComplete stores the response of a key's execution.

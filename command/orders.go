@@ -40,8 +40,9 @@ SELECT count(*) FROM o`
 	// it, and then the order, its items and its event, written only if the
 	// key row was inserted. Parameters $1 to $10 are the key's
 	// (KeyInsertCTE), $11 to $29 OrderCreateSQL's $1 to $19. It returns the
-	// key's expires_at (NULL if another request holds the key) and 1 if it
-	// wrote the order (0 if the key created one before).
+	// key's expires_at and the time its insert took (NULL if another request
+	// holds the key) and 1 if it wrote the order (0 if the key created one
+	// before).
 	KeyedOrderCreateSQL = `
 WITH ` + KeyInsertCTE + `, o AS (
     INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
@@ -58,7 +59,7 @@ WITH ` + KeyInsertCTE + `, o AS (
     INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_version, event_type, payload, traceparent, tracestate)
     SELECT $25, o.tenant_id, o.id, $17, $26, $27, $28, $29 FROM o
 )
-SELECT (SELECT expires_at FROM k), (SELECT count(*) FROM o)`
+SELECT (SELECT expires_at FROM k), (SELECT took FROM k), (SELECT count(*) FROM o)`
 
 	orderGetIDByKeySQL = `SELECT id FROM orders WHERE tenant_id = $1 AND creating_key = $2`
 

@@ -150,3 +150,60 @@ func TestPreclaimRefusesAResponseThatIsNeverStored(t *testing.T) {
 		t.Fatalf("%d keys, want 0", n)
 	}
 }
+
+// A create whose key an open transaction holds waits for it on the key's
+// unique index; when that transaction rolls back, the create claims the key
+// and writes its order, and it counts as one wait (the database times the
+// key's insert alone, not the order's writes).
+func TestPreclaimedCreateWaitsForTheKeyAndRunsIfItsHolderRollsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour})
+	create := command.NewCreateOrderHandler()
+	run := func(key string) (command.Result, error) {
+		cmd := command.CreateOrder{TenantID: "t1", Key: key, NewOrder: newOrder("c-1")}
+		return create.Run(ctx, idem, command.OrderRequest[command.CreateOrder]{
+			TenantID: "t1", Scope: "POST /v1/orders", Key: key, Wait: 5 * time.Second, Command: cmd}, render)
+	}
+	if _, err := run("warm-up"); err != nil {
+		t.Fatal(err)
+	}
+	if st := idem.Stats(); st.Waits != 0 {
+		t.Fatalf("a create nobody held counted %d waits", st.Waits)
+	}
+
+	holder, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
+VALUES ('t1', 'POST /v1/orders', 'held', '\x00', 1, '{}', now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var res command.Result
+	go func() {
+		var err error
+		res, err = run("held")
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("the create did not wait for the key's holder: %+v %v", res, err)
+	default:
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || res.Replayed || res.Status != http.StatusCreated {
+		t.Fatalf("after the holder rolled back: %+v %v; want a fresh 201", res, err)
+	}
+	if st := idem.Stats(); st.Waits != 1 || st.Created != 2 {
+		t.Fatalf("stats %+v; want 1 wait and 2 keys created", st)
+	}
+	if n := count(t, db, `SELECT count(*) FROM orders WHERE creating_key = 'held'`); n != 1 {
+		t.Fatalf("%d orders under the held key, want 1", n)
+	}
+}

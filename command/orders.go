@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -13,15 +15,17 @@ import (
 	"github.com/acme/orders/tracing"
 )
 
-const (
-	// OrderCreateSQL writes a new order, its items and its first event in
-	// one statement (one round trip). If the key already created an order
-	// (its key row had expired), it writes nothing and returns 0. The
-	// event carries the request's trace context ($18, $19), NULL untraced.
-	OrderCreateSQL = `
-WITH o AS (
+// orderWritesSQL are the CTEs that write a new order (o), its items and its
+// created event, if guard (%s) holds; o is empty if the order's key already
+// created an order. Their parameters: $1 tenant, $2 id, $3 customer, $4
+// status, $5 currency, $6 total, $7 version, $8 creating key, $9 created at,
+// $10 to $14 the items' line numbers, SKUs, quantities, unit prices and line
+// totals, $15 the event's id, $16 type, $17 envelope, $18 and $19 its trace
+// context (NULL untraced).
+const orderWritesSQL = `o AS (
     INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $9
+    WHERE %s
     ON CONFLICT (tenant_id, creating_key) DO NOTHING
     RETURNING tenant_id, id
 ), items AS (
@@ -32,8 +36,14 @@ WITH o AS (
 ), event AS (
     INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_version, event_type, payload, traceparent, tracestate)
     SELECT $15, o.tenant_id, o.id, $7, $16, $17, $18, $19 FROM o
-)
-SELECT count(*) FROM o`
+)`
+
+var (
+	// OrderCreateSQL writes a new order, its items and its first event in
+	// one statement (orderWritesSQL's parameters). If the key already
+	// created an order (its key row had expired), it writes nothing and
+	// returns 0.
+	OrderCreateSQL = "\nWITH " + fmt.Sprintf(orderWritesSQL, "true") + "\nSELECT count(*) FROM o"
 
 	// KeyedOrderCreateSQL is OrderCreateSQL in the statement that claims
 	// its Idempotency-Key (a Preclaim): the key row, with the response in
@@ -43,24 +53,22 @@ SELECT count(*) FROM o`
 	// key's expires_at and the time its insert took (NULL if another request
 	// holds the key) and 1 if it wrote the order (0 if the key created one
 	// before).
-	KeyedOrderCreateSQL = `
-WITH ` + KeyInsertCTE + `, o AS (
-    INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
-    SELECT $11, $12, $13, $14, $15, $16, $17, $18, $19, $19
-    WHERE EXISTS (SELECT FROM k)
-    ON CONFLICT (tenant_id, creating_key) DO NOTHING
-    RETURNING tenant_id, id
-), items AS (
-    INSERT INTO order_items (tenant_id, order_id, line_no, sku, quantity, unit_price, line_total)
-    SELECT o.tenant_id, o.id, i.line_no, i.sku, i.quantity, i.unit_price, i.line_total
-    FROM o, unnest($20::int[], $21::text[], $22::bigint[], $23::bigint[], $24::bigint[])
-         AS i(line_no, sku, quantity, unit_price, line_total)
-), event AS (
-    INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_version, event_type, payload, traceparent, tracestate)
-    SELECT $25, o.tenant_id, o.id, $17, $26, $27, $28, $29 FROM o
+	KeyedOrderCreateSQL = "\nWITH " + KeyInsertCTE + ", " +
+		shiftParams(fmt.Sprintf(orderWritesSQL, "EXISTS (SELECT FROM k)"), 10) +
+		"\nSELECT (SELECT expires_at FROM k), (SELECT took FROM k), (SELECT count(*) FROM o)"
 )
-SELECT (SELECT expires_at FROM k), (SELECT took FROM k), (SELECT count(*) FROM o)`
 
+// shiftParams renumbers every parameter $n of sql to $n+by.
+func shiftParams(sql string, by int) string {
+	return paramRE.ReplaceAllStringFunc(sql, func(p string) string {
+		n, _ := strconv.Atoi(p[1:])
+		return "$" + strconv.Itoa(n+by)
+	})
+}
+
+var paramRE = regexp.MustCompile(`\$[0-9]+`)
+
+const (
 	orderGetIDByKeySQL = `SELECT id FROM orders WHERE tenant_id = $1 AND creating_key = $2`
 
 	orderGetForUpdateSQL = `

@@ -40,6 +40,18 @@ func render(out command.Outcome) (command.Response, error) {
 		Body: []byte(out.Order.ID.String())}, nil
 }
 
+// creates returns a function that creates an order of tenant t1 for
+// customer under key, through CreateOrderHandler.Run (a Preclaim), waiting
+// up to wait for the key's holder.
+func creates(idem *command.Idempotency, wait time.Duration) func(key, customer string) (command.Result, error) {
+	create := command.NewCreateOrderHandler()
+	return func(key, customer string) (command.Result, error) {
+		cmd := command.CreateOrder{TenantID: "t1", Key: key, NewOrder: newOrder(customer)}
+		return create.Run(context.Background(), idem, command.OrderRequest[command.CreateOrder]{
+			TenantID: "t1", Scope: "POST /v1/orders", Key: key, Wait: wait, Command: cmd}, render)
+	}
+}
+
 // A create is BEGIN, the one statement that claims its key and writes the
 // order with the response in the key row, and COMMIT: three round trips,
 // and the key row written once. A retry replays that response; a key
@@ -59,12 +71,7 @@ func TestCreateClaimsItsKeyAndWritesTheOrderInOneStatement(t *testing.T) {
 	}
 	defer db.Close()
 	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour})
-	create := command.NewCreateOrderHandler()
-	run := func(key, customer string) (command.Result, error) {
-		cmd := command.CreateOrder{TenantID: "t1", Key: key, NewOrder: newOrder(customer)}
-		return create.Run(ctx, idem, command.OrderRequest[command.CreateOrder]{
-			TenantID: "t1", Scope: "POST /v1/orders", Key: key, Wait: time.Second, Command: cmd}, render)
-	}
+	run := creates(idem, time.Second)
 	if _, err := run("warm-up", "c-1"); err != nil { // counts the tenant's keys once (the quota)
 		t.Fatal(err)
 	}
@@ -107,15 +114,9 @@ func TestCreateClaimsItsKeyAndWritesTheOrderInOneStatement(t *testing.T) {
 // quota is refused before anything it wrote commits.
 func TestPreclaimedCreateAtTheQuotaWritesNothing(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := testenv.DB(t)
 	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuota: 1, KeyQuotaRefresh: time.Hour})
-	create := command.NewCreateOrderHandler()
-	run := func(key string) (command.Result, error) {
-		cmd := command.CreateOrder{TenantID: "t1", Key: key, NewOrder: newOrder("c-1")}
-		return create.Run(ctx, idem, command.OrderRequest[command.CreateOrder]{
-			TenantID: "t1", Scope: "POST /v1/orders", Key: key, Wait: time.Second, Command: cmd}, render)
-	}
+	run := func(key string) (command.Result, error) { return creates(idem, time.Second)(key, "c-1") }
 	if _, err := run("k1"); err != nil {
 		t.Fatal(err)
 	}
@@ -160,12 +161,7 @@ func TestPreclaimedCreateWaitsForTheKeyAndRunsIfItsHolderRollsBack(t *testing.T)
 	ctx := context.Background()
 	db := testenv.DB(t)
 	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour})
-	create := command.NewCreateOrderHandler()
-	run := func(key string) (command.Result, error) {
-		cmd := command.CreateOrder{TenantID: "t1", Key: key, NewOrder: newOrder("c-1")}
-		return create.Run(ctx, idem, command.OrderRequest[command.CreateOrder]{
-			TenantID: "t1", Scope: "POST /v1/orders", Key: key, Wait: 5 * time.Second, Command: cmd}, render)
-	}
+	run := func(key string) (command.Result, error) { return creates(idem, 5*time.Second)(key, "c-1") }
 	if _, err := run("warm-up"); err != nil {
 		t.Fatal(err)
 	}

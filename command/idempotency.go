@@ -257,8 +257,7 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 // DoPreclaimed is Do for a command that writes in its key's claim (see
 // Preclaim): the same guarantees, in one round trip fewer.
 func (s *Idempotency) DoPreclaimed(ctx context.Context, req KeyedRequest, wait time.Duration, pre Preclaim) (Result, error) {
-	if r := pre.Response; r.Status < 200 || r.Status >= 500 || r.Status == http.StatusNotFound ||
-		r.Status == http.StatusTooManyRequests || r.Unstored {
+	if r := pre.Response; neverStored(r) || sentNotStored(r) {
 		return Result{}, fmt.Errorf("preclaimed response with status %d (unstored %v) cannot be stored", r.Status, r.Unstored)
 	}
 	return s.do(ctx, req, wait, pre.Otherwise, &pre)
@@ -339,10 +338,10 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 				if err != nil {
 					return err
 				}
-				if resp.Status < 200 || resp.Status >= 500 || resp.Status == http.StatusTooManyRequests {
+				if neverStored(resp) {
 					return fmt.Errorf("executor returned status %d, which is never stored", resp.Status)
 				}
-				if resp.Status == http.StatusNotFound || resp.Unstored {
+				if sentNotStored(resp) {
 					// Nothing it names exists, or it was refused for now:
 					// nothing was touched, and a retry runs again.
 					res = Result{Response: resp}
@@ -388,6 +387,16 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 	}
 	return res, nil
 }
+
+// neverStored reports whether r is a response no executor may return: not
+// a 2xx to 4xx, or a 429 (a limit that passes).
+func neverStored(r Response) bool {
+	return r.Status < 200 || r.Status >= 500 || r.Status == http.StatusTooManyRequests
+}
+
+// sentNotStored reports whether r is sent but not stored under its key: a
+// 404 (nothing it names exists) or a refusal for now (Unstored).
+func sentNotStored(r Response) bool { return r.Status == http.StatusNotFound || r.Unstored }
 
 // errUnstored rolls back the transaction of a response that is sent but not
 // stored.

@@ -46,7 +46,7 @@ func (h CreateOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd CreateOrd
 //
 // The order is minted and its response rendered before the transaction, and
 // written in the statement that claims the key, with the response in the key
-// row (a Preclaim): BEGIN, the claim, COMMIT.
+// row (a Preclaim): one round trip, one transaction.
 func (h CreateOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderRequest[CreateOrder], render Render) (Result, error) {
 	keyed := KeyedRequest{TenantID: req.TenantID, Scope: req.Scope, Key: req.Key, Command: req.Command}
 	order, env, err := h.mint(req.Command)
@@ -67,13 +67,8 @@ func (h CreateOrderHandler) Run(ctx context.Context, idem *Idempotency, req Orde
 		Args: func(ctx context.Context) []any {
 			return orderCreateArgs(ctx, order, req.Command.Key, env)
 		},
-		Otherwise: func(ctx context.Context, tx pgx.Tx) (Response, error) {
-			existing, err := orderIDByKey(ctx, tx, req.Command.TenantID, req.Command.Key)
-			if err != nil {
-				return Response{}, err
-			}
-			return render(Outcome{Refusal: createdBefore(existing)})
-		},
+		// The key existed, or it created an order before: the general way.
+		Otherwise: executor(h, req.Command, render),
 	})
 }
 

@@ -107,12 +107,15 @@ type Executor func(ctx context.Context, tx pgx.Tx) (Response, error)
 
 // A Preclaim runs a command whose response is known before it runs and
 // whose writes fit in the statement that claims the key: a create, which
-// mints its order's id and writes rows nobody else has. Do then sends one
-// statement that inserts the key row with the response already in it and,
-// only if that insert claimed the key, writes the command's rows; it saves
-// a create the round trip and the second write of its key row that storing
-// the response afterwards (KeyComplete) costs. A key taken by another
-// request writes nothing, and Do replays or refuses as for an Executor.
+// mints its order's id and writes rows nobody else has. DoPreclaimed sends
+// that statement alone, as a transaction of its own: it inserts the key row
+// with the response already in it and, only if that insert claimed the key,
+// writes the command's rows; the batch's one Sync commits it. A create so
+// costs one round trip, where BEGIN, the claim, the command, storing the
+// response (KeyComplete) and COMMIT cost five. If the key exists (a retry,
+// or a request that held it and ended), or the command's writes meet a
+// conflict of their own, that transaction writes nothing and DoPreclaimed
+// goes on as Do with Otherwise.
 type Preclaim struct {
 	// Response is what the command answers when its writes go through;
 	// stored with the key. It must be storable: 2xx to 4xx, not 404, not
@@ -121,15 +124,19 @@ type Preclaim struct {
 	// SQL is the claim statement, a KeyInsertCTE named k followed by the
 	// command's writes, each conditional on a row in k, and returning three
 	// columns: k's expires_at and took (NULL if the key was not claimed) and
-	// the number of rows the command wrote (0 if its writes found their own
-	// conflict). Its parameters $1 to $10 are the key's, as KeyInsertCTE
-	// names them; Args returns $11 on, given the context of the command's
-	// span (so that trace context it writes names the command).
+	// the number of rows the command wrote (more than 0 if it claimed the
+	// key). Writes that meet a conflict of their own must raise (a unique
+	// violation, say), never skip: the statement commits as it ends, and a
+	// key row must never commit without them. Its parameters $1 to $10 are
+	// the key's, as KeyInsertCTE names them; Args returns $11 on, given the
+	// context of the command's span (so that trace context it writes names
+	// the command).
 	SQL  string
 	Args func(ctx context.Context) []any
-	// Otherwise renders the response when the key was claimed and the
-	// writes found their own conflict (wrote 0 rows); Do stores it in place
-	// of Response. It runs in the key's transaction.
+	// Otherwise is the command as an Executor, run as Do runs one when the
+	// statement did not claim the key or raised a conflict: it writes the
+	// command's rows itself, or renders the refusal (a create whose key
+	// created an order before: the order's key outlives the key row).
 	Otherwise Executor
 }
 
@@ -255,7 +262,8 @@ func (s *Idempotency) Do(ctx context.Context, req KeyedRequest, wait time.Durati
 }
 
 // DoPreclaimed is Do for a command that writes in its key's claim (see
-// Preclaim): the same guarantees, in one round trip fewer.
+// Preclaim): the same guarantees, in one round trip where no other request
+// used the key.
 func (s *Idempotency) DoPreclaimed(ctx context.Context, req KeyedRequest, wait time.Duration, pre Preclaim) (Result, error) {
 	if r := pre.Response; neverStored(r) || sentNotStored(r) {
 		return Result{}, fmt.Errorf("preclaimed response with status %d (unstored %v) cannot be stored", r.Status, r.Unstored)
@@ -285,8 +293,91 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 	var outcome outcomes
 	ctx, span := tracing.StartChild(ctx, "command "+req.Scope)
 	defer span.End()
-	err = postgres.InTx(ctx, s.db, func(tx pgx.Tx) error {
-		res, outcome = Result{}, 0
+	done := false
+	if pre != nil && reserved {
+		// At the quota a claimed key is refused anyway: there the key is
+		// claimed alone, below, not with the command's writes.
+		done, err = s.preclaim(ctx, req, fp, canonical, wait, *pre, &res, &outcome)
+	}
+	if !done && err == nil {
+		err = s.inTx(ctx, req, fp, canonical, wait, reserved, exec, &res, &outcome)
+	}
+	if errors.Is(err, errUnstored) {
+		err = nil
+	}
+	tracing.Fail(span, err)
+	keyStored = outcome&outcomeCreated != 0 && err == nil
+	if keyStored && s.afterCommit != nil {
+		s.afterCommit()
+	}
+	s.count(outcome, err)
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// preclaim sends pre's statement as a transaction of its own (see
+// Preclaim) and sets res if it claimed the key. done is false, with nothing
+// written, if the key exists or the statement raised a conflict of the
+// command's own or a serialization failure: the caller then goes Do's way.
+// The wait bound (lock_timeout) holds for the whole transaction, the
+// command's writes included: a lock on its tables held past it, by DDL say,
+// answers ErrInFlight too, which a retry gets past as well. took is the
+// key's insert as the database timed it, without the command's writes.
+func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canonical []byte, wait time.Duration, pre Preclaim, res *Result, outcome *outcomes) (done bool, err error) {
+	r := pre.Response
+	args := append([]any{req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds(),
+		r.Status, r.Header, r.Body}, pre.Args(ctx)...)
+	var expiresAt *time.Time
+	var keyTook *float64
+	var rows int64
+	b := &pgx.Batch{}
+	b.Queue(KeyLockTimeout, lockTimeout(wait)) // local: it ends with the batch's transaction
+	b.Queue(pre.SQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&expiresAt, &keyTook, &rows) })
+	start := time.Now()
+	err = s.db.SendBatch(ctx, b).Close()
+	took := time.Since(start)
+	if err == nil && keyTook != nil {
+		took = time.Duration(*keyTook * float64(time.Second))
+	}
+	timedOut := postgres.HasCode(err, postgres.CodeLockNotAvailable)
+	s.observeWait(took, timedOut, outcome)
+	switch {
+	case timedOut:
+		*outcome |= outcomeWaitTimeout
+		return false, ErrInFlight
+	case postgres.HasCode(err, postgres.CodeUniqueViolation) || postgres.Retryable(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("claim idempotency key: %w", err)
+	case expiresAt == nil:
+		return false, nil
+	case rows == 0:
+		return false, fmt.Errorf("claim statement of %s claimed the key and wrote nothing", req.Scope)
+	}
+	*res = Result{Response: pre.Response, ExpiresAt: *expiresAt}
+	*outcome |= outcomeCreated
+	return true, nil
+}
+
+// observeWait counts a key's claim that waited for another request holding
+// the key (took at least waitThreshold, or timed out).
+func (s *Idempotency) observeWait(took time.Duration, timedOut bool, outcome *outcomes) {
+	if took >= waitThreshold || timedOut {
+		*outcome |= outcomeWaited
+		if s.waitSeconds != nil {
+			s.waitSeconds.Observe(took.Seconds())
+		}
+	}
+}
+
+// inTx is Do's transaction: it claims the key, runs exec and stores its
+// response, or replays or refuses what the key stored.
+func (s *Idempotency) inTx(ctx context.Context, req KeyedRequest, fp, canonical []byte, wait time.Duration, reserved bool, exec Executor, res *Result, outcome *outcomes) error {
+	before := *outcome // what a preclaim counted; each attempt starts from it
+	return postgres.InTx(ctx, s.db, func(tx pgx.Tx) error {
+		*res, *outcome = Result{}, before
 		// A key row found expired (the janitor has not removed it yet) is
 		// deleted and claimed anew; twice is enough for any race with it.
 		for range 3 {
@@ -297,7 +388,7 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 					return err
 				}
 				if found && !k.expired {
-					return s.replay(k, fp, canonical, &res, &outcome)
+					return s.replay(k, fp, canonical, res, outcome)
 				}
 				if found {
 					return &KeyQuotaError{Quota: int(s.quota.limit), RetryAfter: s.quota.retryAfter()}
@@ -306,33 +397,17 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 				// for it like any duplicate; if it claims, the key is new
 				// and is refused (the rollback stores nothing).
 			}
-			// At the quota a claimed key is refused anyway: claim it alone,
-			// not with the command's writes.
-			claimPre := pre
-			if !reserved {
-				claimPre = nil
-			}
-			claimed, written, expiresAt, took, err := s.claim(ctx, tx, req, fp, canonical, wait, claimPre)
+			claimed, expiresAt, took, err := s.claim(ctx, tx, req, fp, canonical, wait)
 			timedOut := postgres.HasCode(err, postgres.CodeLockNotAvailable)
-			if took >= waitThreshold || timedOut {
-				outcome |= outcomeWaited
-				if s.waitSeconds != nil {
-					s.waitSeconds.Observe(took.Seconds())
-				}
-			}
+			s.observeWait(took, timedOut, outcome)
 			switch {
 			case timedOut:
-				outcome |= outcomeWaitTimeout
+				*outcome |= outcomeWaitTimeout
 				return ErrInFlight
 			case err != nil:
 				return fmt.Errorf("claim idempotency key: %w", err)
 			case claimed && !reserved:
 				return &KeyQuotaError{Quota: int(s.quota.limit), RetryAfter: s.quota.retryAfter()}
-			case claimed && written:
-				// Preclaimed: the response went in with the key row.
-				res = Result{Response: pre.Response, ExpiresAt: expiresAt}
-				outcome |= outcomeCreated
-				return nil
 			case claimed:
 				resp, err := exec(ctx, tx)
 				if err != nil {
@@ -344,14 +419,14 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 				if sentNotStored(resp) {
 					// Nothing it names exists, or it was refused for now:
 					// nothing was touched, and a retry runs again.
-					res = Result{Response: resp}
+					*res = Result{Response: resp}
 					return errUnstored
 				}
 				if _, err := tx.Exec(ctx, KeyComplete, req.TenantID, req.Scope, req.Key, resp.Status, resp.Header, resp.Body); err != nil {
 					return fmt.Errorf("store response: %w", err)
 				}
-				res = Result{Response: resp, ExpiresAt: expiresAt}
-				outcome |= outcomeCreated
+				*res = Result{Response: resp, ExpiresAt: expiresAt}
+				*outcome |= outcomeCreated
 				return nil
 			}
 
@@ -369,23 +444,10 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 				}
 				continue
 			}
-			return s.replay(k, fp, canonical, &res, &outcome)
+			return s.replay(k, fp, canonical, res, outcome)
 		}
 		return fmt.Errorf("idempotency key %q kept changing under us", req.Key)
 	})
-	if errors.Is(err, errUnstored) {
-		err = nil
-	}
-	tracing.Fail(span, err)
-	keyStored = outcome&outcomeCreated != 0 && err == nil
-	if keyStored && s.afterCommit != nil {
-		s.afterCommit()
-	}
-	s.count(outcome, err)
-	if err != nil {
-		return Result{}, err
-	}
-	return res, nil
 }
 
 // neverStored reports whether r is a response no executor may return: not
@@ -518,60 +580,29 @@ func (s *Idempotency) DeleteExpired(ctx context.Context, batch int) (int64, erro
 	return tag.RowsAffected(), nil
 }
 
-// claim inserts the key row in one round trip: lock_timeout set to the wait
-// bound for this statement only (so that nothing else in the transaction,
-// COMMIT included, can time out on it), the insert, and the reset. claimed
-// reports whether the row is now this transaction's; if not, a committed
-// request holds the key. took is how long the key's insert took (for a
-// Preclaim, as the database timed it, without the command's writes): at
-// least waitThreshold, the insert was held up by another transaction. A
-// wait past the bound is an error with SQLSTATE 55P03. (For a Preclaim the
-// bound covers the command's writes too: a lock on its tables held past it,
-// by DDL say, also answers ErrInFlight, which a retry gets past as well.)
-func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration, pre *Preclaim) (claimed, written bool, expiresAt time.Time, took time.Duration, err error) {
-	var keyTook time.Duration
+// claim inserts the key row (without a response yet) in tx, in one round
+// trip: lock_timeout set to the wait bound for this statement only (so that
+// nothing else in the transaction, COMMIT included, can time out on it), the
+// insert, and the reset. claimed reports whether the row is now this
+// transaction's; if not, a committed request holds the key. took is how long
+// the insert took: at least waitThreshold, it was held up by another
+// transaction. A wait past the bound is an error with SQLSTATE 55P03.
+func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration) (claimed bool, expiresAt time.Time, took time.Duration, err error) {
 	b := &pgx.Batch{}
 	b.Queue(KeyLockTimeout, lockTimeout(wait))
-	if pre == nil {
-		b.Queue(KeyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).
-			QueryRow(func(row pgx.Row) error {
-				err := row.Scan(&expiresAt)
-				if errors.Is(err, pgx.ErrNoRows) {
-					return nil
-				}
-				claimed = err == nil
-				return err
-			})
-	} else {
-		r := pre.Response
-		args := append([]any{req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds(),
-			r.Status, r.Header, r.Body}, pre.Args(ctx)...)
-		b.Queue(pre.SQL, args...).QueryRow(func(row pgx.Row) error {
-			var expires *time.Time
-			var keyed *float64
-			var rows int64
-			if err := row.Scan(&expires, &keyed, &rows); err != nil {
-				return err
+	b.Queue(KeyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).
+		QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&expiresAt)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
 			}
-			if keyed != nil {
-				keyTook = time.Duration(*keyed * float64(time.Second))
-			}
-			if expires != nil {
-				claimed, written, expiresAt = true, rows > 0, *expires
-			} else if rows > 0 {
-				return fmt.Errorf("claim statement of %s wrote %d rows without claiming the key", req.Scope, rows)
-			}
-			return nil
+			claimed = err == nil
+			return err
 		})
-	}
 	b.Queue(KeyLockTimeoutReset)
 	start := time.Now()
 	err = tx.SendBatch(ctx, b).Close()
-	took = time.Since(start)
-	if claimed && pre != nil {
-		took = keyTook
-	}
-	return claimed, written, expiresAt, took, err
+	return claimed, expiresAt, time.Since(start), err
 }
 
 type storedKey struct {

@@ -51,14 +51,21 @@ type orderTx[C any] interface {
 // any other error rolls everything back and is returned.
 func runKeyed[C any](ctx context.Context, idem *Idempotency, h orderTx[C], req OrderRequest[C], render Render) (Result, error) {
 	return idem.Do(ctx, KeyedRequest{TenantID: req.TenantID, Scope: req.Scope, Key: req.Key, Command: req.Command}, req.Wait,
-		func(ctx context.Context, tx pgx.Tx) (Response, error) {
-			o, changed, err := h.handle(ctx, tx, req.Command)
-			if err != nil {
-				if domain.KindOf(err) == "" {
-					return Response{}, err
-				}
-				return render(Outcome{Refusal: err})
+		executor(h, req.Command, render))
+}
+
+// executor runs h for cmd in the key's transaction and renders the outcome:
+// a domain refusal is rendered (and stored, except a 404); any other error
+// rolls everything back and is returned.
+func executor[C any](h orderTx[C], cmd C, render Render) Executor {
+	return func(ctx context.Context, tx pgx.Tx) (Response, error) {
+		o, changed, err := h.handle(ctx, tx, cmd)
+		if err != nil {
+			if domain.KindOf(err) == "" {
+				return Response{}, err
 			}
-			return render(Outcome{Order: o, Changed: changed})
-		})
+			return render(Outcome{Refusal: err})
+		}
+		return render(Outcome{Order: o, Changed: changed})
+	}
 }

@@ -16,8 +16,9 @@ import (
 )
 
 // orderWritesSQL are the CTEs that write a new order (o), its items and its
-// created event, if guard (%s) holds; o is empty if the order's key already
-// created an order. Their parameters: $1 tenant, $2 id, $3 customer, $4
+// created event, if guard (the first %s) holds. If the order's key already
+// created an order, the second %s decides: ON CONFLICT DO NOTHING leaves o
+// empty, nothing raises a unique violation. Their parameters: $1 tenant, $2 id, $3 customer, $4
 // status, $5 currency, $6 total, $7 version, $8 creating key, $9 created at,
 // $10 to $14 the items' line numbers, SKUs, quantities, unit prices and line
 // totals, $15 the event's id, $16 type, $17 envelope, $18 and $19 its trace
@@ -26,7 +27,7 @@ const orderWritesSQL = `o AS (
     INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $9
     WHERE %s
-    ON CONFLICT (tenant_id, creating_key) DO NOTHING
+    %s
     RETURNING tenant_id, id
 ), items AS (
     INSERT INTO order_items (tenant_id, order_id, line_no, sku, quantity, unit_price, line_total)
@@ -43,7 +44,8 @@ var (
 	// one statement (orderWritesSQL's parameters). If the key already
 	// created an order (its key row had expired), it writes nothing and
 	// returns 0.
-	OrderCreateSQL = "\nWITH " + fmt.Sprintf(orderWritesSQL, "true") + "\nSELECT count(*) FROM o"
+	OrderCreateSQL = "\nWITH " + fmt.Sprintf(orderWritesSQL, "true", "ON CONFLICT (tenant_id, creating_key) DO NOTHING") +
+		"\nSELECT count(*) FROM o"
 
 	// KeyedOrderCreateSQL is OrderCreateSQL in the statement that claims
 	// its Idempotency-Key (a Preclaim): the key row, with the response in
@@ -51,10 +53,12 @@ var (
 	// key row was inserted. Parameters $1 to $10 are the key's
 	// (KeyInsertCTE), $11 to $29 OrderCreateSQL's $1 to $19. It returns the
 	// key's expires_at and the time its insert took (NULL if another request
-	// holds the key) and 1 if it wrote the order (0 if the key created one
-	// before).
+	// holds the key) and the orders it wrote: 1, or 0 if it did not claim the
+	// key. If the key created an order before (its key row expired), it
+	// raises a unique violation, so that its transaction commits no key row
+	// whose response names an order that was never written.
 	KeyedOrderCreateSQL = "\nWITH " + KeyInsertCTE + ", " +
-		shiftParams(fmt.Sprintf(orderWritesSQL, "EXISTS (SELECT FROM k)"), 10) +
+		shiftParams(fmt.Sprintf(orderWritesSQL, "EXISTS (SELECT FROM k)", ""), 10) +
 		"\nSELECT (SELECT expires_at FROM k), (SELECT took FROM k), (SELECT count(*) FROM o)"
 )
 

@@ -52,10 +52,10 @@ func creates(idem *command.Idempotency, wait time.Duration) func(key, customer s
 	}
 }
 
-// A create is BEGIN, the one statement that claims its key and writes the
-// order with the response in the key row, and COMMIT: three round trips,
-// and the key row written once. A retry replays that response; a key
-// another request holds writes nothing.
+// A create is one round trip: the statement that claims its key and writes
+// the order with the response in the key row, a transaction of its own (the
+// batch's Sync commits it), and the key row written once. A retry replays
+// that response; a key another request holds writes nothing.
 func TestCreateClaimsItsKeyAndWritesTheOrderInOneStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -81,8 +81,8 @@ func TestCreateClaimsItsKeyAndWritesTheOrderInOneStatement(t *testing.T) {
 	if err != nil || first.Status != http.StatusCreated || first.Replayed || first.ExpiresAt.IsZero() {
 		t.Fatalf("create: %+v %v; want a fresh 201 with its key's expiry", first, err)
 	}
-	if n := trips.n.Load() - before; n != 3 {
-		t.Errorf("a create took %d round trips, want 3 (BEGIN, the claim with the order, COMMIT)", n)
+	if n := trips.n.Load() - before; n != 1 {
+		t.Errorf("a create took %d round trips, want 1 (the claim with the order, committed by its Sync)", n)
 	}
 	var status int
 	var body []byte
@@ -201,5 +201,100 @@ VALUES ('t1', 'POST /v1/orders', 'held', '\x00', 1, '{}', now() + interval '1 ho
 	}
 	if n := count(t, db, `SELECT count(*) FROM orders WHERE creating_key = 'held'`); n != 1 {
 		t.Fatalf("%d orders under the held key, want 1", n)
+	}
+}
+
+// A create whose key is held by a request that then commits waits for it and
+// replays what it stored; it writes nothing of its own.
+func TestPreclaimedCreateWaitsForTheKeyAndReplaysIfItsHolderCommits(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour})
+	run := creates(idem, 5*time.Second)
+
+	holder := make(chan struct{})
+	first := make(chan command.Result, 1)
+	go func() {
+		// The first create, held open until the second is waiting for it.
+		// Its command has the create's canonical form (CreateOrder's JSON
+		// is its NewOrder's), so the create below is its retry.
+		res, err := idem.Do(context.Background(), command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders", Key: "held",
+			Command: newOrder("c-1")}, time.Second,
+			func(ctx context.Context, tx pgx.Tx) (command.Response, error) {
+				<-holder
+				return command.Response{Status: http.StatusCreated, Body: []byte("the holder's")}, nil
+			})
+		if err != nil {
+			t.Error(err)
+		}
+		first <- res
+	}()
+	time.Sleep(100 * time.Millisecond)
+	done := make(chan error, 1)
+	var res command.Result
+	go func() {
+		var err error
+		res, err = run("held", "c-1")
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	close(holder)
+	<-first
+	if err := <-done; err != nil || !res.Replayed || string(res.Body) != "the holder's" {
+		t.Fatalf("after the holder committed: %+v %v; want its response replayed", res, err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("%d orders, want none (the holder wrote none, the replay must not)", n)
+	}
+}
+
+// A key whose row expired after it created an order: the one statement
+// raises on the order's key and commits nothing, and the general way stores
+// and answers the refusal that names the existing order. Neither way leaves
+// its lock_timeout on the pooled connection.
+func TestPreclaimedCreateOfAnExpiredKeyCommitsOnlyTheRefusal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // every statement below on the connection the creates used
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour})
+	run := creates(idem, time.Second)
+
+	first, err := run("k1", "c-1")
+	if err != nil || first.Status != http.StatusCreated {
+		t.Fatalf("create: %+v %v", first, err)
+	}
+	if _, err := db.Exec(ctx, `DELETE FROM idempotency_keys WHERE key = 'k1'`); err != nil { // as the janitor would
+		t.Fatal(err)
+	}
+	late, err := run("k1", "c-1")
+	if err != nil || late.Status != http.StatusConflict || late.Replayed {
+		t.Fatalf("late retry: %+v %v; want a fresh 409", late, err)
+	}
+	var status int
+	var body []byte
+	if err := db.QueryRow(ctx, `SELECT status_code, response_body FROM idempotency_keys WHERE key = 'k1'`).Scan(&status, &body); err != nil {
+		t.Fatal(err)
+	}
+	if status != http.StatusConflict || string(body) != string(late.Body) {
+		t.Fatalf("the key stored %d %q, want the refusal %q", status, body, late.Body)
+	}
+	if n := count(t, db, `SELECT count(*) FROM orders`); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM outbox`); n != 1 {
+		t.Fatalf("%d outbox events, want 1", n)
+	}
+	var timeout string
+	if err := db.QueryRow(ctx, `SHOW lock_timeout`).Scan(&timeout); err != nil || timeout != "0" {
+		t.Fatalf("lock_timeout on the pooled connection: %q %v; want 0 (the default)", timeout, err)
 	}
 }

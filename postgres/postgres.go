@@ -102,8 +102,11 @@ type Beginner interface {
 }
 
 // DB runs statements and starts transactions; *pgxpool.Pool is one.
+// SendBatch sends a batch in one round trip; outside a transaction its
+// statements are one transaction, committed when the batch ends.
 type DB interface {
 	Beginner
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row

@@ -33,15 +33,16 @@ func createOrderScript() string {
 	body := `convert_to('{"id":"' || md5('o' || :n)::uuid || '","customer_id":"c-1","status":"pending","currency":"EUR",` +
 		`"items":[{"sku":"sku-1","quantity":2,"unit_price":1250,"line_total":2500}],"total":2500,"version":1}', 'UTF8')`
 	statements := []string{
-		"BEGIN",
+		// One round trip, one transaction, as the api sends it (a pipeline
+		// that ends in one Sync: see command.Preclaim).
+		`\startpipeline`,
 		bind(command.KeyLockTimeout, `'5000ms'`),
 		bind(command.KeyedOrderCreateSQL, tenant, scope, key, `sha256(:n::text::bytea)`, "1", request, "86400",
 			"201", `'{"Content-Type":"application/json","ETag":"\"1\""}'`, body,
 			tenant, orderID, `'c-1'`, `'pending'`, `'EUR'`, "2500", "1", key, "now()",
 			"ARRAY[1]", "ARRAY['sku-1']", "ARRAY[2]", "ARRAY[1250]", "ARRAY[2500]", eventID, `'order.created'`, envelope,
 			"NULL", "NULL"), // untraced, as with tracing off
-		command.KeyLockTimeoutReset,
-		"COMMIT",
+		`\endpipeline`,
 	}
 	return script(statements)
 }
@@ -107,13 +108,18 @@ func publishScript(n, workers int) string {
 }
 
 // script renders statements as a pgbench script: each on one line, after a
-// random :n that makes every transaction's keys fresh.
+// random :n that makes every transaction's keys fresh. A statement that
+// starts with a backslash is a pgbench meta-command (\startpipeline: the
+// statements up to \endpipeline go in one round trip, one transaction).
 func script(statements []string) string {
 	var b strings.Builder
 	b.WriteString("\\set n random(1, 9000000000000000000)\n")
 	for _, s := range statements {
 		b.WriteString(oneLine(s))
-		b.WriteString(";\n")
+		if !strings.HasPrefix(s, `\`) {
+			b.WriteString(";")
+		}
+		b.WriteString("\n")
 	}
 	return b.String()
 }
@@ -198,13 +204,13 @@ func minimalCreateScript() string {
 		`'aggregate_id', ` + orderID + `, 'aggregate_version', 1, 'occurred_at', now(), 'trace', '00-' || md5('t' || :n) || '-' || left(md5('s' || :n), 16) || '-01', ` +
 		`'data', jsonb_build_object('customer_id', 'c-1', 'status', 'pending', 'currency', 'EUR', 'total', 4990, 'created_at', now(), 'items', '` + minimalItems + `'::jsonb))`
 	return script([]string{
-		"BEGIN",
+		`\startpipeline`, // one round trip: the least a transaction of three statements needs
 		`INSERT INTO ceiling.idempotency_keys (tenant_id, key, fingerprint, status, response, expires_at) VALUES ` +
 			`('bench', 'pgbench-' || :n, sha256(:n::text::bytea), 201, convert_to(` + minimalResponse + `, 'UTF8'), now() + interval '1 day')`,
 		`INSERT INTO ceiling.orders (tenant_id, id, customer_id, status, currency, total, version, items, created_at) VALUES ` +
 			`('bench', ` + orderID + `, 'c-1', 'pending', 'EUR', 4990, 1, '` + minimalItems + `', now())`,
 		`INSERT INTO ceiling.outbox (id, payload) VALUES (` + eventID + `, ` + envelope + `)`,
-		"COMMIT",
+		`\endpipeline`,
 	})
 }
 

@@ -60,12 +60,17 @@ func TestScriptsRunInPgbench(t *testing.T) {
 	}
 	// The minimal create writes rows of realistic size: a stored response
 	// and an envelope of several hundred bytes; the minimal apply a batch.
-	var response, envelope, inbox, views int
+	// The create's pipeline committed its order (with its key and event).
+	var response, envelope, inbox, views, orders int
 	if err := conn.QueryRow(context.Background(), `SELECT
+	    (SELECT count(*) FROM orders o JOIN idempotency_keys k ON k.key = o.creating_key JOIN outbox e ON e.aggregate_id = o.id),
 	    (SELECT min(length(response)) FROM ceiling.idempotency_keys),
 	    (SELECT min(length(payload::text)) FROM ceiling.outbox),
-	    (SELECT count(*) FROM ceiling.inbox), (SELECT count(*) FROM ceiling.order_views)`).Scan(&response, &envelope, &inbox, &views); err != nil {
+	    (SELECT count(*) FROM ceiling.inbox), (SELECT count(*) FROM ceiling.order_views)`).Scan(&orders, &response, &envelope, &inbox, &views); err != nil {
 		t.Fatal(err)
+	}
+	if orders != 1 {
+		t.Errorf("the create script committed %d orders with their key and event, want 1", orders)
 	}
 	if response < 400 || envelope < 500 || inbox != 10 || views != 10 {
 		t.Errorf("minimal rows: response %d bytes, envelope %d bytes (want ≥ 400, ≥ 500); inbox %d, views %d rows (want 10 each)",

@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -93,6 +95,10 @@ func (s *stack) up(ctx context.Context) error {
 	}
 	out, err := exec.CommandContext(ctx, filepath.Join(s.dir, "bin", "api"), "token", "create", "-tenant", "bench", "-database-url", s.databaseURL).Output()
 	if err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return fmt.Errorf("create token: %w: %s", err, bytes.TrimSpace(exit.Stderr))
+		}
 		return fmt.Errorf("create token: %w", err)
 	}
 	s.token = strings.TrimSpace(string(out))

@@ -354,7 +354,10 @@ func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canoni
 	case expiresAt == nil:
 		return false, nil
 	case rows == 0:
-		return false, fmt.Errorf("claim statement of %s claimed the key and wrote nothing", req.Scope)
+		// Committed already: a claim statement that skips its writes breaks
+		// Preclaim's contract, and its key row now holds a response for
+		// writes that never happened.
+		return false, fmt.Errorf("claim statement of %s committed its key and no writes (see Preclaim.SQL)", req.Scope)
 	}
 	*res = Result{Response: pre.Response, ExpiresAt: *expiresAt}
 	*outcome |= outcomeCreated
@@ -362,9 +365,11 @@ func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canoni
 }
 
 // observeWait counts a key's claim that waited for another request holding
-// the key (took at least waitThreshold, or timed out).
+// the key (took at least waitThreshold, or timed out), once per request: a
+// preclaim that waited and then went Do's way is one wait, and one
+// observation, however long its second claim took.
 func (s *Idempotency) observeWait(took time.Duration, timedOut bool, outcome *outcomes) {
-	if took >= waitThreshold || timedOut {
+	if (took >= waitThreshold || timedOut) && *outcome&outcomeWaited == 0 {
 		*outcome |= outcomeWaited
 		if s.waitSeconds != nil {
 			s.waitSeconds.Observe(took.Seconds())

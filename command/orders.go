@@ -18,11 +18,11 @@ import (
 // orderWritesSQL are the CTEs that write a new order (o), its items and its
 // created event, if guard (the first %s) holds. If the order's key already
 // created an order, the second %s decides: ON CONFLICT DO NOTHING leaves o
-// empty, nothing raises a unique violation. Their parameters: $1 tenant, $2 id, $3 customer, $4
-// status, $5 currency, $6 total, $7 version, $8 creating key, $9 created at,
-// $10 to $14 the items' line numbers, SKUs, quantities, unit prices and line
-// totals, $15 the event's id, $16 type, $17 envelope, $18 and $19 its trace
-// context (NULL untraced).
+// empty, nothing raises a unique violation. Their parameters: $1 tenant, $2
+// id, $3 customer, $4 status, $5 currency, $6 total, $7 version, $8 creating
+// key, $9 created at, $10 to $14 the items' line numbers, SKUs, quantities,
+// unit prices and line totals, $15 the event's id, $16 type, $17 envelope,
+// $18 and $19 its trace context (NULL untraced).
 const orderWritesSQL = `o AS (
     INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $9

@@ -238,10 +238,18 @@ func TestPreclaimedCreateWaitsForTheKeyAndReplaysIfItsHolderCommits(t *testing.T
 		done <- err
 	}()
 	time.Sleep(200 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("the create did not wait for the key's holder: %+v %v", res, err)
+	default:
+	}
 	close(holder)
 	<-first
 	if err := <-done; err != nil || !res.Replayed || string(res.Body) != "the holder's" {
 		t.Fatalf("after the holder committed: %+v %v; want its response replayed", res, err)
+	}
+	if st := idem.Stats(); st.Waits != 1 || st.Created != 1 || st.Replays != 1 {
+		t.Fatalf("stats %+v; want 1 wait, 1 key created (the holder's), 1 replay", st)
 	}
 	if n := count(t, db, `SELECT count(*) FROM orders`); n != 0 {
 		t.Fatalf("%d orders, want none (the holder wrote none, the replay must not)", n)

@@ -28,6 +28,7 @@ func main() {
 	natsSync := flag.String("nats-sync", "", "nats-server sync_interval (default always, the production setting; e.g. 2m for the NATS default)")
 	payShare := flag.Float64("pay-share", 0.25, "rate of the pay → paid phase, as a share of the maximal create rate (the target is at 0.25)")
 	payRate := flag.Float64("pay-rate", 0, "rate of the pay → paid phase per second, instead of -pay-share (to compare two builds at the same load)")
+	e2eRate := flag.Float64("e2e-rate", 0, "rate of the end-to-end measurement per second, instead of 25% of the maximal create rate (to compare two builds at the same load)")
 	flag.Parse()
 	root, err := os.Getwd()
 	if err != nil {
@@ -39,7 +40,7 @@ func main() {
 		state = filepath.Join(root, state)
 	}
 	rep, err := bench.Run(ctx, bench.Config{Root: root, Dir: state, Phase: *phase,
-		Clients: []int{1, 16, 64}, Backlog: *backlog, Only: *only, NATSSync: *natsSync, PayShare: *payShare, PayRate: *payRate, Out: os.Stdout})
+		Clients: []int{1, 16, 64}, Backlog: *backlog, Only: *only, NATSSync: *natsSync, PayShare: *payShare, PayRate: *payRate, E2ERate: *e2eRate, Out: os.Stdout})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)

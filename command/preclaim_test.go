@@ -31,6 +31,23 @@ func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
+// tunedPool opens a pool of its own on a fresh test database, configured
+// by tune, and closes it when the test ends.
+func tunedPool(t *testing.T, tune func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tune(cfg)
+	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db
+}
+
 // render is what the HTTP layer renders for a create, without HTTP.
 func render(out command.Outcome) (command.Response, error) {
 	if out.Refusal != nil {
@@ -59,17 +76,8 @@ func creates(idem *command.Idempotency, wait time.Duration) func(key, customer s
 func TestCreateClaimsItsKeyAndWritesTheOrderInOneStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	trips := &roundTrips{}
-	cfg.ConnConfig.Tracer = trips
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := tunedPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
 	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour})
 	run := creates(idem, time.Second)
 	if _, err := run("warm-up", "c-1"); err != nil { // counts the tenant's keys once (the quota)
@@ -263,16 +271,8 @@ func TestPreclaimedCreateWaitsForTheKeyAndReplaysIfItsHolderCommits(t *testing.T
 func TestPreclaimedCreateOfAnExpiredKeyCommitsOnlyTheRefusal(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1 // every statement below on the connection the creates used
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	// One connection: every statement below runs on the one the creates used.
+	db := tunedPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour})
 	run := creates(idem, time.Second)
 

@@ -130,7 +130,9 @@ func TestRelayLingerCoalescesCommitsIntoOneBatch(t *testing.T) {
 	createOrders(t, db, 1, "third")
 	relay.Wake()
 	testenv.Eventually(t, 10*time.Second, "both events are published", func() bool { return relay.Stats().Published == 3 })
-	if st := relay.Stats(); st.AtomicBatches != first.AtomicBatches+1 || st.Lingers < first.Lingers+1 {
-		t.Fatalf("after two events within the linger: %+v (after the first: %+v); want one more atomic batch (the two in one) and at least one more linger", st, first)
+	// The linger that gathered them may be one that began before them (the
+	// listener's late wake-up, see above): at least one linger, not one more.
+	if st := relay.Stats(); st.AtomicBatches != first.AtomicBatches+1 || st.Lingers < 1 {
+		t.Fatalf("after two events within the linger: %+v (after the first: %+v); want one more atomic batch (the two in one) and a linger", st, first)
 	}
 }

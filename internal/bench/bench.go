@@ -126,7 +126,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Transport: &http.Transport{MaxIdleConnsPerHost: 1024}})); err != nil {
 		return nil, err
 	}
-	if err := r.minimalSchema(ctx); err != nil {
+	if err := r.ceilingDatabase(ctx); err != nil {
 		return nil, err
 	}
 
@@ -144,7 +144,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		c := slices.Max(cfg.Clients)
 		row := r.attack(ctx, "create", c, r.createTargeter())
 		r.add(row)
-		if err := r.waitIdle(ctx, 5*time.Minute); err != nil {
+		if err := r.settle(ctx); err != nil {
 			return nil, err
 		}
 		if err := r.payToPaid(ctx, row.Rate); err != nil {
@@ -224,13 +224,13 @@ func (r *runner) load(ctx context.Context) error {
 
 	// The end-to-end latency is that of a caught-up pipeline: let the relay
 	// and the projector finish what the load phases left them first.
-	if err := r.waitIdle(ctx, 5*time.Minute); err != nil {
+	if err := r.settle(ctx); err != nil {
 		return err
 	}
 	if err := r.endToEnd(ctx, maxCreate); err != nil {
 		return err
 	}
-	if err := r.waitIdle(ctx, 5*time.Minute); err != nil {
+	if err := r.settle(ctx); err != nil {
 		return err
 	}
 	return r.payToPaid(ctx, maxCreate)
@@ -370,15 +370,15 @@ func (r *runner) waitIdle(ctx context.Context, within time.Duration) error {
 	}
 }
 
-// pgbench runs script for Phase at the given clients against the stack's
-// database and returns its transactions per second.
-func (r *runner) pgbench(ctx context.Context, name, script string, clients int) (float64, error) {
-	return r.pgbenchRun(ctx, name, script, clients, "-T", fmt.Sprint(int(r.cfg.Phase.Seconds())))
+// pgbench runs script for Phase at the given clients against database db
+// of the stack's server and returns its transactions per second.
+func (r *runner) pgbench(ctx context.Context, db, name, script string, clients int) (float64, error) {
+	return r.pgbenchRun(ctx, db, name, script, clients, "-T", fmt.Sprint(int(r.cfg.Phase.Seconds())))
 }
 
 // pgbenchRun runs script with the given length option (-T seconds or -t
 // transactions per client).
-func (r *runner) pgbenchRun(ctx context.Context, name, script string, clients int, length ...string) (float64, error) {
+func (r *runner) pgbenchRun(ctx context.Context, db, name, script string, clients int, length ...string) (float64, error) {
 	file := filepath.Join(r.cfg.Dir, name+".pgbench")
 	if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
 		return 0, err
@@ -389,7 +389,7 @@ func (r *runner) pgbenchRun(ctx context.Context, name, script string, clients in
 	}
 	out, err := exec.CommandContext(ctx, bin, "-h", r.s.socketDir, "-p", fmt.Sprint(r.s.pgPort), "-U", "postgres", "-n",
 		"-M", "prepared", "-f", file, "-c", fmt.Sprint(clients), "-j", fmt.Sprint(min(clients, 2)),
-		length[0], length[1], "orders").CombinedOutput()
+		length[0], length[1], db).CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("pgbench %s: %w\n%s", name, err, out)
 	}
@@ -588,7 +588,7 @@ func (r *runner) drain(ctx context.Context) error {
 	}
 	// As many batches as each client's share of the backlog holds, so that
 	// none of them finds it empty.
-	tps, err := r.pgbenchRun(ctx, "relay", publishScript(relayBatch, relayWorkers), relayWorkers,
+	tps, err := r.pgbenchRun(ctx, "orders", "relay", publishScript(relayBatch, relayWorkers), relayWorkers,
 		"-t", fmt.Sprint(n/relayBatch/relayWorkers*9/10))
 	if err != nil {
 		return err
@@ -640,7 +640,7 @@ func (r *runner) drain(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		tps, err := r.pgbench(ctx, "apply-"+name, script, 1)
+		tps, err := r.pgbench(ctx, ceilingDB, "apply-"+name, script, 1)
 		if err != nil {
 			return err
 		}
@@ -649,7 +649,7 @@ func (r *runner) drain(ctx context.Context) error {
 	// The minimal ceiling of one projection: an inbox row and a read-model
 	// upsert per event, in batches of the projector's size, as many at
 	// once as a projection's workers.
-	minimalTPS, err := r.pgbench(ctx, "apply-minimal", minimalApplyScript(projection.DefaultBatchSize), projection.DefaultWorkers)
+	minimalTPS, err := r.pgbench(ctx, ceilingDB, "apply-minimal", minimalApplyScript(projection.DefaultBatchSize), projection.DefaultWorkers)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/internal/harness"
+	"github.com/acme/orders/migrations"
 )
 
 // Create targets at the most clients (issue #12): of the minimal ceiling.
@@ -20,16 +21,59 @@ const (
 	targetCaughtUp      = 2.0 // seconds after a burst's end
 )
 
-// minimalSchema creates the minimal ceilings' tables (schema "ceiling") in
-// the stack's database.
-func (r *runner) minimalSchema(ctx context.Context) error {
+// ceilingDB is the database, on the stack's server, where the ceilings
+// that write run: our migrations (for the own-SQL scripts) and the minimal
+// schema "ceiling". What they write is then neither relayed nor projected
+// by the running pipeline during the phases that follow them, as it was
+// when the own-SQL create ceiling wrote into the service's own outbox.
+const ceilingDB = "orders_ceiling"
+
+// ceilingDatabase creates ceilingDB, migrated as the bench's own
+// migrations are (the own-SQL scripts render the bench's SQL constants, so
+// schema and statements come from the same build), with the minimal schema.
+func (r *runner) ceilingDatabase(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, r.s.databaseURL)
 	if err != nil {
-		return fmt.Errorf("connect for the minimal schema: %w", err)
+		return fmt.Errorf("connect to create the ceilings' database: %w", err)
+	}
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+ceilingDB)
+	conn.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return fmt.Errorf("create the ceilings' database: %w", err)
+	}
+	cfg, err := pgx.ParseConfig(r.s.databaseURL)
+	if err != nil {
+		return err
+	}
+	cfg.Database = ceilingDB
+	if conn, err = pgx.ConnectConfig(ctx, cfg); err != nil {
+		return fmt.Errorf("connect to the ceilings' database: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if err := migrations.Apply(ctx, conn); err != nil {
+		return fmt.Errorf("migrate the ceilings' database: %w", err)
+	}
 	if _, err := conn.Exec(ctx, minimalSchemaSQL); err != nil {
 		return fmt.Errorf("create the minimal schema: %w", err)
+	}
+	return nil
+}
+
+// settle readies the stack for a measured phase: it waits until the
+// relay and the projector have caught up with what earlier phases and
+// ceilings left, then flushes their dirty pages (CHECKPOINT), so that a
+// phase pays neither an earlier one's backlog nor its checkpoint.
+func (r *runner) settle(ctx context.Context) error {
+	if err := r.waitIdle(ctx, 5*time.Minute); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, r.s.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil {
+		return fmt.Errorf("checkpoint before a phase: %w", err)
 	}
 	return nil
 }
@@ -43,12 +87,15 @@ func (r *runner) creates(ctx context.Context) (float64, error) {
 	most := slices.Max(r.cfg.Clients)
 	var maxCreate, minimalMost, ownMost float64
 	for _, c := range r.cfg.Clients {
-		minimal, err := r.pgbench(ctx, "create-minimal", minimalCreateScript(), c)
+		minimal, err := r.pgbench(ctx, ceilingDB, "create-minimal", minimalCreateScript(), c)
 		if err != nil {
 			return 0, err
 		}
-		own, err := r.pgbench(ctx, "create", createOrderScript(), c)
+		own, err := r.pgbench(ctx, ceilingDB, "create", createOrderScript(), c)
 		if err != nil {
+			return 0, err
+		}
+		if err := r.settle(ctx); err != nil {
 			return 0, err
 		}
 		var row Row
@@ -71,6 +118,9 @@ func (r *runner) creates(ctx context.Context) (float64, error) {
 	if err := r.restartAPI(ctx, false); err != nil {
 		return 0, err
 	}
+	if err := r.settle(ctx); err != nil {
+		return 0, err
+	}
 	row := r.profiled(ctx, "create at "+fmt.Sprint(most)+" clients, api only", func() Row { return r.attack(ctx, "create (api only)", most, r.createTargeter()) })
 	row.Ceiling, row.Ratio = minimalMost, row.Rate/minimalMost
 	row.OwnCeiling, row.OwnRatio = ownMost, row.Rate/ownMost
@@ -81,7 +131,7 @@ func (r *runner) creates(ctx context.Context) (float64, error) {
 		return 0, err
 	}
 	// What the api-only phase left in the outbox is not the burst's.
-	if err := r.waitIdle(ctx, 5*time.Minute); err != nil {
+	if err := r.settle(ctx); err != nil {
 		return 0, err
 	}
 	if err := r.burstLag(ctx, most); err != nil {

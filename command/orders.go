@@ -15,33 +15,28 @@ import (
 	"github.com/acme/orders/tracing"
 )
 
-// orderWritesSQL are the CTEs that write a new order (o), its items and its
-// created event, if guard (the first %s) holds. If the order's key already
-// created an order, the second %s decides: ON CONFLICT DO NOTHING leaves o
-// empty, nothing raises a unique violation. Their parameters: $1 tenant, $2
-// id, $3 customer, $4 status, $5 currency, $6 total, $7 version, $8 creating
-// key, $9 created at, $10 to $14 the items' line numbers, SKUs, quantities,
-// unit prices and line totals, $15 the event's id, $16 type, $17 envelope,
-// $18 and $19 its trace context (NULL untraced).
+// orderWritesSQL are the CTEs that write a new order (o), with its items,
+// and its created event, if guard (the first %s) holds. If the order's key
+// already created an order, the second %s decides: ON CONFLICT DO NOTHING
+// leaves o empty, nothing raises a unique violation. Their parameters: $1
+// tenant, $2 id, $3 customer, $4 status, $5 currency, $6 total, $7 version,
+// $8 creating key, $9 created at, $10 the items (a jsonb array in line
+// order), $11 the event's id, $12 type, $13 envelope, $14 and $15 its trace
+// context (NULL untraced).
 const orderWritesSQL = `o AS (
-    INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at)
-    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $9
+    INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at, items)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10
     WHERE %s
     %s
     RETURNING tenant_id, id
-), items AS (
-    INSERT INTO order_items (tenant_id, order_id, line_no, sku, quantity, unit_price, line_total)
-    SELECT o.tenant_id, o.id, i.line_no, i.sku, i.quantity, i.unit_price, i.line_total
-    FROM o, unnest($10::int[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[])
-         AS i(line_no, sku, quantity, unit_price, line_total)
 ), event AS (
     INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_version, event_type, payload, traceparent, tracestate)
-    SELECT $15, o.tenant_id, o.id, $7, $16, $17, $18, $19 FROM o
+    SELECT $11, o.tenant_id, o.id, $7, $12, $13, $14, $15 FROM o
 )`
 
 var (
-	// OrderCreateSQL writes a new order, its items and its first event in
-	// one statement (orderWritesSQL's parameters). If the key already
+	// OrderCreateSQL writes a new order, with its items, and its first
+	// event in one statement (orderWritesSQL's parameters). If the key already
 	// created an order (its key row had expired), it writes nothing and
 	// returns 0.
 	OrderCreateSQL = "\nWITH " + fmt.Sprintf(orderWritesSQL, "true", "ON CONFLICT (tenant_id, creating_key) DO NOTHING") +
@@ -51,7 +46,7 @@ var (
 	// its Idempotency-Key (a Preclaim): the key row, with the response in
 	// it, and then the order, its items and its event, written only if the
 	// key row was inserted. Parameters $1 to $10 are the key's
-	// (KeyInsertCTE), $11 to $29 OrderCreateSQL's $1 to $19. It returns the
+	// (KeyInsertCTE), $11 to $25 OrderCreateSQL's $1 to $15. It returns the
 	// key's expires_at and the time its insert took (NULL if another request
 	// holds the key) and the orders it wrote: 1, or 0 if it did not claim the
 	// key. If the key created an order before (its key row expired), it
@@ -78,9 +73,7 @@ const (
 	orderGetForUpdateSQL = `
 SELECT o.id, o.tenant_id, o.customer_id, o.status, o.currency, o.total, o.version, o.created_at, o.updated_at,
        o.paid_at, o.shipped_at, o.cancelled_at, o.cancel_reason, o.shipping_address, o.note, o.payment, o.refund,
-       (SELECT json_agg(json_build_object('sku', i.sku, 'quantity', i.quantity, 'unit_price', i.unit_price,
-                                          'line_total', i.line_total) ORDER BY i.line_no)
-        FROM order_items i WHERE i.tenant_id = o.tenant_id AND i.order_id = o.id)
+       o.items
 FROM orders o
 WHERE o.tenant_id = $1 AND o.id = $2
 FOR UPDATE OF o`
@@ -109,16 +102,9 @@ func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey str
 // orderCreateArgs are OrderCreateSQL's arguments for o, created under
 // creatingKey with its created event env.
 func orderCreateArgs(ctx context.Context, o domain.Order, creatingKey string, env domain.Envelope) []any {
-	n := len(o.Items)
-	lineNos, skus := make([]int32, n), make([]string, n)
-	quantities, prices, totals := make([]int64, n), make([]int64, n), make([]int64, n)
-	for i, it := range o.Items {
-		lineNos[i], skus[i] = int32(i+1), it.SKU
-		quantities[i], prices[i], totals[i] = it.Quantity, it.UnitPrice, it.LineTotal
-	}
 	traceparent, tracestate := tracing.Inject(ctx)
 	return []any{o.TenantID, o.ID, o.CustomerID, o.Status, o.Currency, o.Total, o.Version,
-		creatingKey, o.CreatedAt, lineNos, skus, quantities, prices, totals, env.ID, env.Type, env,
+		creatingKey, o.CreatedAt, o.Items, env.ID, env.Type, env,
 		nullIfEmpty(traceparent), nullIfEmpty(tracestate)}
 }
 

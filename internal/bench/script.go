@@ -40,7 +40,7 @@ func createOrderScript() string {
 		bind(command.KeyedOrderCreateSQL, tenant, scope, key, `sha256(:n::text::bytea)`, "1", request, "86400",
 			"201", `'{"Content-Type":"application/json","ETag":"\"1\""}'`, body,
 			tenant, orderID, `'c-1'`, `'pending'`, `'EUR'`, "2500", "1", key, "now()",
-			"ARRAY[1]", "ARRAY['sku-1']", "ARRAY[2]", "ARRAY[1250]", "ARRAY[2500]", eventID, `'order.created'`, envelope,
+			`'[{"sku":"sku-1","quantity":2,"unit_price":1250,"line_total":2500}]'`, eventID, `'order.created'`, envelope,
 			"NULL", "NULL"), // untraced, as with tracing off
 		`\endpipeline`,
 	}

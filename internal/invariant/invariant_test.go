@@ -17,9 +17,10 @@ func TestMoneyInvariantsHoldPastInt64(t *testing.T) {
 	db := testenv.DB(t)
 	ctx := context.Background()
 	for _, sql := range []string{`
-INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at, paid_at)
+INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at, paid_at, items)
 SELECT 't1', gen_random_uuid(), 'c-1', 'paid', 'EUR', 9223372036854775807, 2, 'k' || g,
-       '2026-11-21T12:00:00Z', '2026-11-21T12:00:00Z', '2026-11-21T12:00:00Z'
+       '2026-11-21T12:00:00Z', '2026-11-21T12:00:00Z', '2026-11-21T12:00:00Z',
+       '[{"sku":"s","quantity":1,"unit_price":9223372036854775807,"line_total":9223372036854775807}]'
 FROM generate_series(1, 2) g`, `
 INSERT INTO customer_summaries (tenant_id, customer_id, currency, orders_paid, total_paid, total_refunded, last_order_at)
 VALUES ('t1', 'c-1', 'EUR', 2, 18446744073709551614, 0, '2026-11-21T12:00:00Z')`, `
@@ -52,5 +53,39 @@ UPDATE daily_sales SET paid_amount = paid_amount - 1`); err != nil {
 	}
 	if v := money(); len(v) != 2 {
 		t.Fatalf("sums off by one minor unit: violations %v, want one per read model", v)
+	}
+}
+
+// An order's total is the sum of its items' line totals, each quantity ×
+// unit price, compared exactly (numeric) at the int64 limit: a total off by
+// one minor unit and a line total that is not its product are violations;
+// an exact order of 2^63 - 1 is not.
+func TestOrderTotalsMatchTheirItems(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `
+INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at, items)
+VALUES ('t1', gen_random_uuid(), 'c-1', 'pending', 'EUR', 9223372036854775807, 1, 'exact', now(), now(),
+        '[{"sku":"a","quantity":1,"unit_price":9223372036854775806,"line_total":9223372036854775806},
+          {"sku":"b","quantity":1,"unit_price":1,"line_total":1}]'),
+       ('t1', gen_random_uuid(), 'c-1', 'pending', 'EUR', 2501, 1, 'total-off', now(), now(),
+        '[{"sku":"a","quantity":2,"unit_price":1250,"line_total":2500}]'),
+       ('t1', gen_random_uuid(), 'c-1', 'pending', 'EUR', 2600, 1, 'line-off', now(), now(),
+        '[{"sku":"a","quantity":2,"unit_price":1250,"line_total":2600}]')`); err != nil {
+		t.Fatal(err)
+	}
+	v, err := invariant.Check(ctx, db)
+	if err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	var totals []string
+	for _, x := range v {
+		if strings.HasPrefix(x.Invariant, "every order's total") {
+			totals = append(totals, x.String())
+		}
+	}
+	if len(totals) != 2 || !strings.Contains(strings.Join(totals, "\n"), "2501") || !strings.Contains(strings.Join(totals, "\n"), "2600") {
+		t.Fatalf("violations %q, want the order whose total is off and the one whose line total is off", totals)
 	}
 }

@@ -136,7 +136,7 @@ func bind(sql string, args ...string) string {
 
 // The minimal ceilings: the least any keyed create, or any projection, must
 // write, on a schema of their own (primary keys only, in schema "ceiling" of
-// the same database), not our statements. The gap between a minimal ceiling
+// the ceilings' database, ceilingDB), not our statements. The gap between a minimal ceiling
 // and the own-SQL one is the cost of our schema and SQL.
 
 // minimalSchemaSQL creates the minimal ceilings' schema; it is idempotent.

@@ -58,8 +58,10 @@ UPDATE daily_sales SET paid_amount = paid_amount - 1`); err != nil {
 
 // An order's total is the sum of its items' line totals, each quantity ×
 // unit price, compared exactly (numeric) at the int64 limit: a total off by
-// one minor unit and a line total that is not its product are violations;
-// an exact order of 2^63 - 1 is not.
+// one minor unit, a line total that is not its product (also one whose
+// product passes 2^63, where bigint arithmetic would raise instead of
+// report) and an order without items are violations; an exact order of
+// 2^63 - 1 is not.
 func TestOrderTotalsMatchTheirItems(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
@@ -72,7 +74,10 @@ VALUES ('t1', gen_random_uuid(), 'c-1', 'pending', 'EUR', 9223372036854775807, 1
        ('t1', gen_random_uuid(), 'c-1', 'pending', 'EUR', 2501, 1, 'total-off', now(), now(),
         '[{"sku":"a","quantity":2,"unit_price":1250,"line_total":2500}]'),
        ('t1', gen_random_uuid(), 'c-1', 'pending', 'EUR', 2600, 1, 'line-off', now(), now(),
-        '[{"sku":"a","quantity":2,"unit_price":1250,"line_total":2600}]')`); err != nil {
+        '[{"sku":"a","quantity":2,"unit_price":1250,"line_total":2600}]'),
+       ('t1', gen_random_uuid(), 'c-1', 'pending', 'EUR', 0, 1, 'wraps', now(), now(),
+        '[{"sku":"a","quantity":2,"unit_price":9223372036854775807,"line_total":-2}]'),
+       ('t1', gen_random_uuid(), 'c-1', 'pending', 'EUR', 0, 1, 'no-items', now(), now(), '[]')`); err != nil {
 		t.Fatal(err)
 	}
 	v, err := invariant.Check(ctx, db)
@@ -85,7 +90,10 @@ VALUES ('t1', gen_random_uuid(), 'c-1', 'pending', 'EUR', 9223372036854775807, 1
 			totals = append(totals, x.String())
 		}
 	}
-	if len(totals) != 2 || !strings.Contains(strings.Join(totals, "\n"), "2501") || !strings.Contains(strings.Join(totals, "\n"), "2600") {
-		t.Fatalf("violations %q, want the order whose total is off and the one whose line total is off", totals)
+	all := strings.Join(totals, "\n")
+	if len(totals) != 4 || !strings.Contains(all, "2501") || !strings.Contains(all, "2600") ||
+		!strings.Contains(all, "-2") || !strings.Contains(all, "[]") {
+		t.Fatalf("violations %q, want the order whose total is off, the one whose line total is off, "+
+			"the one whose product passes 2^63, and the one without items", totals)
 	}
 }

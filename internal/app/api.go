@@ -43,6 +43,7 @@ type apiConfig struct {
 	keyQuotaRefresh                time.Duration
 	replicas, poolSize             int
 	maxInFlight                    int
+	maxConns                       int
 	tenantLimits                   httpapi.TenantLimitConfig
 	bodyTimeout, tokenCacheTTL     time.Duration
 	acceptLegacyTokens             bool
@@ -72,7 +73,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	var natsURL, httpAddr, tenant, name, token *string
 	var expires *time.Duration
 	var relay, acceptLegacy *bool
-	var replicas, poolSize, maxInFlight, relayPartitions, relayWorkers, relayBatch, relayMinAtomic *int
+	var replicas, poolSize, maxInFlight, maxConns, relayPartitions, relayWorkers, relayBatch, relayMinAtomic *int
 	var tenantInFlight, tenantWaiting, tenantRate, tenantBurst *int
 	var bodyTimeout, tokenCacheTTL *time.Duration
 	var relayRetention *time.Duration
@@ -93,6 +94,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		healthInterval = env.Duration(fs, "health-interval", "HEALTH_INTERVAL", health.DefaultInterval, "how often the readiness checks behind /readyz run")
 		replicas = env.Int(fs, "stream-replicas", "STREAM_REPLICAS", stream.DefaultReplicas, "replicas of the JetStream stream (3 on a cluster)")
 		poolSize = env.Int(fs, "db-pool-size", "DB_POOL_SIZE", DefaultAPIPoolSize, "most PostgreSQL connections of this process")
+		maxConns = env.Int(fs, "max-conns", "MAX_CONNS", DefaultAPIMaxConns, "most client connections open at once; past it the longest-idle one is closed, or a new one waits in the kernel's accept queue")
 		maxInFlight = env.Int(fs, "max-in-flight", "MAX_IN_FLIGHT", httpapi.DefaultMaxInFlight, "most /v1 requests served at once; the rest get 429 with Retry-After")
 		tenantInFlight = env.Int(fs, "tenant-max-in-flight", "TENANT_MAX_IN_FLIGHT", httpapi.DefaultTenantMaxInFlight, "most /v1 requests of one tenant served at once; its excess gets 429 tenant-overloaded")
 		tenantWaiting = env.Int(fs, "tenant-max-waiting", "TENANT_MAX_WAITING", httpapi.DefaultTenantMaxWaiting, "most reads with min_version or min_position of one tenant in flight at once (at most -tenant-max-in-flight)")
@@ -133,7 +135,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		c.keyTTL, c.keyWait, c.janitorEvery = *keyTTL, *keyWait, *janitorEvery
 		c.keyQuota, c.keyQuotaRefresh = *keyQuota, *keyQuotaRefresh
 		c.healthInterval = *healthInterval
-		c.replicas, c.poolSize, c.maxInFlight = *replicas, *poolSize, *maxInFlight
+		c.replicas, c.poolSize, c.maxInFlight, c.maxConns = *replicas, *poolSize, *maxInFlight, *maxConns
 		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
 		c.pprofAddr = *pprofAddr
 		c.relayBatch, c.relayMinAtomic = *relayBatch, *relayMinAtomic
@@ -152,6 +154,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
 		case c.maxInFlight < 1:
 			return c, fmt.Errorf("-max-in-flight must be at least 1, got %d", c.maxInFlight)
+		case c.maxConns < c.maxInFlight:
+			return c, fmt.Errorf("-max-conns must be at least -max-in-flight (%d), got %d: every request in flight needs a connection", c.maxInFlight, c.maxConns)
 		case c.tenantLimits.MaxInFlight < 1 || c.tenantLimits.MaxInFlight >= c.maxInFlight:
 			return c, fmt.Errorf("-tenant-max-in-flight must be 1 to -max-in-flight - 1 (%d), got %d: no tenant may fill the global limit", c.maxInFlight-1, c.tenantLimits.MaxInFlight)
 		case c.tenantLimits.MaxWaiting < 1 || c.tenantLimits.MaxWaiting > c.tenantLimits.MaxInFlight:
@@ -416,7 +420,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	})
 	// Serve returns once in-flight requests are done; the deferred stop of
 	// the background work and the connections runs after that.
-	return Serve(ctx, cfg.httpAddr, handler, logger, APIShutdownTimeout)
+	return ServeConns(ctx, cfg.httpAddr, handler, logger, APIShutdownTimeout, cfg.maxConns)
 }
 
 func pingPool(pool *pgxpool.Pool) health.Check {

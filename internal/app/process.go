@@ -224,11 +224,23 @@ func NATSReady(nc *nats.Conn) func(context.Context) error {
 // accepting, lets requests in progress finish (up to grace) and returns. It
 // logs "listening" with the bound address (useful with port 0).
 func Serve(ctx context.Context, addr string, h http.Handler, logger *slog.Logger, grace time.Duration) error {
+	return ServeConns(ctx, addr, h, logger, grace, 0)
+}
+
+// ServeConns is Serve with at most maxConns connections open at once (0:
+// no limit; see connLimit).
+func ServeConns(ctx context.Context, addr string, h http.Handler, logger *slog.Logger, grace time.Duration, maxConns int) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
 	}
+	var connState func(net.Conn, http.ConnState)
+	if maxConns > 0 {
+		limited := limitConns(ln, maxConns)
+		ln, connState = limited, limited.connState
+	}
 	srv := &http.Server{
+		ConnState:         connState,
 		Handler:           h,
 		ReadHeaderTimeout: 2 * time.Second, // headers come at once; a trickle holds no slot, but a goroutine
 		ReadTimeout:       30 * time.Second,

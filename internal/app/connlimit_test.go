@@ -1,0 +1,150 @@
+package app
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// serveLimited serves h with at most max connections open and returns its
+// URL, the limiter and the most connections it ever had open.
+func serveLimited(t *testing.T, max int, h http.Handler) (string, *connLimit, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := limitConns(ln, max)
+	var most atomic.Int64
+	srv := &http.Server{Handler: h, ConnState: func(c net.Conn, s http.ConnState) {
+		l.connState(c, s)
+		if n := int64(l.Open()); n > most.Load() {
+			most.Store(n)
+		}
+	}}
+	go srv.Serve(l) //nolint:errcheck
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String(), l, &most
+}
+
+// get sends a GET through its own transport (so its own connections) and
+// reports whether it reused a connection.
+func get(t *testing.T, tr *http.Transport, url string) (reused bool) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}))
+	c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("GET: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body) //nolint:errcheck
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET: %s", resp.Status)
+	}
+	return reused
+}
+
+// At the limit, a new connection is served by closing the connection idle
+// the longest, never by going past the limit, and the other idle one is
+// kept.
+func TestConnLimitClosesTheLongestIdleConnectionForANewOne(t *testing.T) {
+	url, _, most := serveLimited(t, 2, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	a, b, c := &http.Transport{}, &http.Transport{}, &http.Transport{}
+	defer a.CloseIdleConnections()
+	defer b.CloseIdleConnections()
+	defer c.CloseIdleConnections()
+	get(t, a, url)
+	time.Sleep(20 * time.Millisecond) // a idle before b
+	get(t, b, url)
+	get(t, c, url) // a third connection: a's is closed for it
+	if !get(t, b, url) {
+		t.Error("b's idle connection was closed; the one idle the longest (a's) should have been")
+	}
+	if get(t, a, url) {
+		t.Error("a's connection, idle the longest, was kept past the limit")
+	}
+	if n := most.Load(); n > 2 {
+		t.Errorf("%d connections open at once, limit 2", n)
+	}
+}
+
+// With every connection busy, a new one waits (in the kernel's accept
+// queue) until one is free, and is then served: it is neither refused nor
+// let past the limit.
+func TestConnLimitQueuesANewConnectionWhileAllAreBusy(t *testing.T) {
+	release := make(chan struct{})
+	var served atomic.Int64
+	url, _, most := serveLimited(t, 1, http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+	}))
+	a, b := &http.Transport{}, &http.Transport{}
+	defer a.CloseIdleConnections()
+	defer b.CloseIdleConnections()
+	slow := make(chan bool)
+	go func() { slow <- get(t, a, url+"/slow") }()
+	deadline := time.Now().Add(5 * time.Second)
+	for served.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	done := make(chan struct{})
+	go func() { get(t, b, url+"/fast"); close(done) }()
+	select {
+	case <-done:
+		t.Fatal("a second connection was served while the only slot was busy")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if n := served.Load(); n != 1 {
+		t.Fatalf("%d requests served while the slot was busy, want 1", n)
+	}
+	close(release)
+	<-slow
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting connection was not served after the slot freed")
+	}
+	if n := most.Load(); n > 1 {
+		t.Errorf("%d connections open at once, limit 1", n)
+	}
+}
+
+// Closing the listener ends an Accept that waits for a slot.
+func TestConnLimitCloseEndsAWaitingAccept(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := limitConns(ln, 1)
+	for range 2 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	if _, err := l.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { _, err := l.Accept(); errc <- err }() // the second: no slot
+	time.Sleep(50 * time.Millisecond)
+	l.Close()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("Accept after Close returned a connection")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept still waits for a slot after Close")
+	}
+}

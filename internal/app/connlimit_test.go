@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -146,5 +147,22 @@ func TestConnLimitCloseEndsAWaitingAccept(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Accept still waits for a slot after Close")
+	}
+}
+
+// The api refuses a connection limit below its in-flight limit (every
+// request in flight needs a connection), and takes the default otherwise.
+func TestAPIConnLimitIsAtLeastTheInFlightLimit(t *testing.T) {
+	env := func(vars map[string]string) *Env { return NewEnv(func(k string) string { return vars[k] }) }
+	if _, err := parseAPIConfig("", nil, env(map[string]string{"MAX_CONNS": "100"})); err == nil ||
+		!strings.Contains(err.Error(), "-max-conns") {
+		t.Errorf("MAX_CONNS=100 below MAX_IN_FLIGHT=512: err %v, want one naming -max-conns", err)
+	}
+	cfg, err := parseAPIConfig("", nil, env(map[string]string{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.maxConns != DefaultAPIMaxConns {
+		t.Errorf("maxConns = %d, want the default %d", cfg.maxConns, DefaultAPIMaxConns)
 	}
 }

@@ -16,14 +16,20 @@ import (
 const DefaultAPIMaxConns = 1024
 
 // connLimit bounds the connections a server keeps open. Past max, Accept
-// first closes the connection idle the longest (a keep-alive connection
-// between requests, which its client reopens when it needs it), and with
-// none idle it waits for one to close or go idle, leaving new connections
-// in the kernel's accept queue, where they cost this process nothing. A
-// connection is not yet any tenant's, so no slot is anyone's either: a
-// client that holds connections open without using them loses them to the
-// next one that connects. Idle connections are closed only for a new one
-// that is waiting, never ahead of it.
+// first closes a connection that holds its slot without using it: the one
+// idle the longest (a keep-alive connection between requests, which its
+// client reopens when it needs it), or else the oldest that has sent
+// nothing for silentAfter since it connected. With none of those it waits
+// for one, leaving new connections in the kernel's accept queue, where
+// they cost this process nothing. Connections are closed only for a new
+// connection that is waiting, never ahead of it.
+//
+// A connection is not yet any tenant's, so no slot is anyone's either. What
+// a client can still hold is a slot per connection that is sending a
+// request: at most ReadHeaderTimeout (2 s) for its headers, then the body
+// timeout, and admitted requests are bounded per tenant. Filling every slot
+// that way takes max connections re-dialled every two seconds, and even
+// then new connections take turns with the attacker's in the accept queue.
 type connLimit struct {
 	net.Listener
 	max int
@@ -32,18 +38,24 @@ type connLimit struct {
 	cond   *sync.Cond
 	open   int
 	idle   map[net.Conn]time.Time // idle since
+	fresh  map[net.Conn]time.Time // accepted at, no byte of a request read yet
 	closed bool
 }
 
+// silentAfter is how long a new connection may send nothing before it may
+// be closed for another: a client sends its request as soon as it has
+// connected.
+const silentAfter = 250 * time.Millisecond
+
 func limitConns(ln net.Listener, max int) *connLimit {
-	l := &connLimit{Listener: ln, max: max, idle: map[net.Conn]time.Time{}}
+	l := &connLimit{Listener: ln, max: max, idle: map[net.Conn]time.Time{}, fresh: map[net.Conn]time.Time{}}
 	l.cond = sync.NewCond(&l.mu)
 	return l
 }
 
-// Accept takes the next connection, then waits for a slot for it: it
-// closes the connection idle the longest if all are taken, or waits for
-// one to close or go idle. Only then does the server see the connection
+// Accept takes the next connection, then waits for a slot for it: if all
+// are taken it closes an unused one (idle the longest, or silent past
+// silentAfter), or waits for one to close or become unused. Only then does the server see the connection
 // (and give it a goroutine and buffers); the ones behind it wait in the
 // kernel's accept queue.
 func (l *connLimit) Accept() (net.Conn, error) {
@@ -53,10 +65,18 @@ func (l *connLimit) Accept() (net.Conn, error) {
 	}
 	l.mu.Lock()
 	for l.open >= l.max && !l.closed {
-		if idle := l.oldestIdle(); idle != nil {
-			delete(l.idle, idle)
+		if unused := l.unused(time.Now()); unused != nil {
+			delete(l.idle, unused)
+			delete(l.fresh, unused)
 			l.mu.Unlock()
-			idle.Close() // its Close frees the slot
+			unused.Close() // its Close frees the slot
+			l.mu.Lock()
+			continue
+		}
+		if len(l.fresh) > 0 {
+			// A silent one may qualify soon: look again then.
+			l.mu.Unlock()
+			time.Sleep(silentAfter / 5)
 			l.mu.Lock()
 			continue
 		}
@@ -81,15 +101,27 @@ func (l *connLimit) Close() error {
 	return l.Listener.Close()
 }
 
-func (l *connLimit) oldestIdle() net.Conn {
-	var oldest net.Conn
+// unused returns the connection idle the longest, or else the oldest that
+// has sent nothing for silentAfter, or nil.
+func (l *connLimit) unused(now time.Time) net.Conn {
+	if c := oldest(l.idle); c != nil {
+		return c
+	}
+	if c := oldest(l.fresh); c != nil && now.Sub(l.fresh[c]) >= silentAfter {
+		return c
+	}
+	return nil
+}
+
+func oldest(conns map[net.Conn]time.Time) net.Conn {
+	var first net.Conn
 	var since time.Time
-	for c, t := range l.idle {
-		if oldest == nil || t.Before(since) {
-			oldest, since = c, t
+	for c, t := range conns {
+		if first == nil || t.Before(since) {
+			first, since = c, t
 		}
 	}
-	return oldest
+	return first
 }
 
 func (l *connLimit) release() {
@@ -104,7 +136,10 @@ func (l *connLimit) release() {
 func (l *connLimit) connState(c net.Conn, s http.ConnState) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	delete(l.fresh, c)
 	switch s {
+	case http.StateNew:
+		l.fresh[c] = time.Now()
 	case http.StateIdle:
 		l.idle[c] = time.Now()
 		l.cond.Broadcast()
@@ -131,6 +166,7 @@ func (c *limitedConn) Close() error {
 	c.once.Do(func() {
 		c.l.mu.Lock()
 		delete(c.l.idle, c)
+		delete(c.l.fresh, c)
 		c.l.mu.Unlock()
 		c.l.release()
 	})

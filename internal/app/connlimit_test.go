@@ -9,11 +9,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/acme/orders/internal/testenv"
 )
 
 // serveLimited serves h with at most max connections open and returns its
-// URL.
-func serveLimited(t *testing.T, max int, h http.Handler) string {
+// URL and the limiter.
+func serveLimited(t *testing.T, max int, h http.Handler) (string, *connLimit) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -23,7 +25,14 @@ func serveLimited(t *testing.T, max int, h http.Handler) string {
 	srv := &http.Server{Handler: h, ConnState: l.connState}
 	go srv.Serve(l) //nolint:errcheck
 	t.Cleanup(func() { srv.Close() })
-	return "http://" + ln.Addr().String()
+	return "http://" + ln.Addr().String(), l
+}
+
+// tracked returns how many connections l knows as idle and as fresh.
+func tracked(l *connLimit) (idle, fresh int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.idle), len(l.fresh)
 }
 
 // get sends a GET through its own transport (so its own connections) and
@@ -50,13 +59,13 @@ func get(t *testing.T, tr *http.Transport, url string) (reused bool) {
 // the longest, never by going past the limit, and the other idle one is
 // kept.
 func TestConnLimitClosesTheLongestIdleConnectionForANewOne(t *testing.T) {
-	url := serveLimited(t, 2, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	url, l := serveLimited(t, 2, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	a, b, c := &http.Transport{}, &http.Transport{}, &http.Transport{}
 	defer a.CloseIdleConnections()
 	defer b.CloseIdleConnections()
 	defer c.CloseIdleConnections()
 	get(t, a, url)
-	time.Sleep(20 * time.Millisecond) // a idle before b
+	testenv.Eventually(t, 5*time.Second, "a's connection is idle, before b's", func() bool { idle, _ := tracked(l); return idle == 1 })
 	get(t, b, url)
 	get(t, c, url) // a third connection: a's is closed for it
 	if !get(t, b, url) {
@@ -73,7 +82,7 @@ func TestConnLimitClosesTheLongestIdleConnectionForANewOne(t *testing.T) {
 func TestConnLimitQueuesANewConnectionWhileAllAreBusy(t *testing.T) {
 	release := make(chan struct{})
 	var served atomic.Int64
-	url := serveLimited(t, 1, http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+	url, _ := serveLimited(t, 1, http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		served.Add(1)
 		if r.URL.Path == "/slow" {
 			<-release
@@ -84,10 +93,7 @@ func TestConnLimitQueuesANewConnectionWhileAllAreBusy(t *testing.T) {
 	defer b.CloseIdleConnections()
 	slow := make(chan bool)
 	go func() { slow <- get(t, a, url+"/slow") }()
-	deadline := time.Now().Add(5 * time.Second)
-	for served.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, "the slow request is served", func() bool { return served.Load() > 0 })
 	done := make(chan struct{})
 	go func() { get(t, b, url+"/fast"); close(done) }()
 	select {
@@ -125,8 +131,9 @@ func TestConnLimitCloseEndsAWaitingAccept(t *testing.T) {
 		t.Fatal(err)
 	}
 	errc := make(chan error, 1)
-	go func() { _, err := l.Accept(); errc <- err }() // the second: no slot
-	time.Sleep(50 * time.Millisecond)
+	// The second has no slot. Whether Close comes while it waits for one
+	// or before it takes the connection, it must end with an error.
+	go func() { _, err := l.Accept(); errc <- err }()
 	l.Close()
 	select {
 	case err := <-errc:
@@ -159,13 +166,13 @@ func TestAPIConnLimitIsAtLeastTheInFlightLimit(t *testing.T) {
 // it and it has been silent for silentAfter: silent sockets cannot lock
 // the clients that send requests out.
 func TestConnLimitClosesASilentConnectionForANewOne(t *testing.T) {
-	url := serveLimited(t, 1, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	url, l := serveLimited(t, 1, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	silent, err := net.Dial("tcp", url[len("http://"):])
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer silent.Close()
-	time.Sleep(20 * time.Millisecond) // accepted first
+	testenv.Eventually(t, 5*time.Second, "the silent connection is accepted first", func() bool { _, fresh := tracked(l); return fresh == 1 })
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	start := time.Now()

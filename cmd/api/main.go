@@ -4,7 +4,7 @@
 //	api            serve (the default)
 //	api migrate    apply the schema migrations and exit
 //
-// The program itself is app.RunAPI.
+// The program itself is app.RunAPIProcess.
 package main
 
 import (
@@ -20,7 +20,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := app.RunAPI(ctx, os.Args, os.Getenv, os.Stdout); err != nil {
+	if err := app.RunAPIProcess(ctx, os.Args, os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "api:", err)
 		os.Exit(1)
 	}

@@ -200,6 +200,18 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 // returns when ctx ends, after a graceful shutdown. Tests call it with their
 // own arguments, environment and output.
 func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	return runAPI(ctx, args, getenv, stdout, false)
+}
+
+// RunAPIProcess is RunAPI for an api that has its process to itself
+// (cmd/api): serving, it also sets the process's soft memory limit to
+// APIMemoryLimit(-max-conns) unless GOMEMLIMIT is set. Tests run RunAPI,
+// which leaves their process's settings alone.
+func RunAPIProcess(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	return runAPI(ctx, args, getenv, stdout, true)
+}
+
+func runAPI(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, process bool) error {
 	sub, rest := "", args[1:]
 	switch {
 	case len(rest) > 0 && rest[0] == "migrate":
@@ -224,6 +236,9 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 		logger = slog.New(slog.DiscardHandler)
 	}
 	if sub == "" {
+		if process {
+			limitMemory(getenv, APIMemoryLimit(cfg.maxConns), logger)
+		}
 		servePprof(ctx, cfg.pprofAddr, logger)
 		stopTracing, err := startTracing(ctx, cfg.tracing, logger)
 		if err != nil {

@@ -15,6 +15,12 @@ import (
 // resident set to 105–109 MiB. The soft limit makes the runtime collect
 // earlier and return freed pages as it nears the budget, instead of
 // growing to twice the live heap; below it nothing changes.
+//
+// It is soft: a live heap larger than the budget (512 requests in flight,
+// each with a body of up to 1 MiB, is 512 MiB) is never refused memory.
+// The runtime then collects continuously, with at most about half the CPU
+// (its GC CPU limiter), so such a flood costs CPU rather than growing the
+// process. GOMEMLIMIT=off trades back: memory for CPU.
 const (
 	APIMemoryBase    = 40 << 20
 	APIMemoryPerConn = 32 << 10

@@ -154,6 +154,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
 		case c.maxInFlight < 1:
 			return c, fmt.Errorf("-max-in-flight must be at least 1, got %d", c.maxInFlight)
+		case c.maxConns > MaxAPIConns:
+			return c, fmt.Errorf("-max-conns must be at most %d, got %d", MaxAPIConns, c.maxConns)
 		case c.maxConns < c.maxInFlight:
 			return c, fmt.Errorf("-max-conns must be at least -max-in-flight (%d), got %d: every request in flight needs a connection", c.maxInFlight, c.maxConns)
 		case c.tenantLimits.MaxInFlight < 1 || c.tenantLimits.MaxInFlight >= c.maxInFlight:
@@ -204,9 +206,10 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 }
 
 // RunAPIProcess is RunAPI for an api that has its process to itself
-// (cmd/api): serving, it also sets the process's soft memory limit to
-// APIMemoryLimit(-max-conns) unless GOMEMLIMIT is set. Tests run RunAPI,
-// which leaves their process's settings alone.
+// (cmd/api): serving, it also keeps the process's soft memory limit at
+// its budget, APIMemoryLimit(-max-conns), unless GOMEMLIMIT is set
+// (keepMemoryBudget). Tests run RunAPI, which leaves their process's
+// settings alone.
 func RunAPIProcess(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	return runAPI(ctx, args, getenv, stdout, true)
 }
@@ -237,7 +240,7 @@ func runAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	if sub == "" {
 		if process {
-			limitMemory(getenv, APIMemoryLimit(cfg.maxConns), logger)
+			defer keepMemoryBudget(getenv, APIMemoryLimit(cfg.maxConns), logger)()
 		}
 		servePprof(ctx, cfg.pprofAddr, logger)
 		stopTracing, err := startTracing(ctx, cfg.tracing, logger)

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -146,12 +147,18 @@ func TestConnLimitCloseEndsAWaitingAccept(t *testing.T) {
 }
 
 // The api refuses a connection limit below its in-flight limit (every
-// request in flight needs a connection), and takes the default otherwise.
+// request in flight needs a connection) or above MaxAPIConns (whose memory
+// budget would overflow), and takes the default otherwise.
 func TestAPIConnLimitIsAtLeastTheInFlightLimit(t *testing.T) {
 	env := func(vars map[string]string) *Env { return NewEnv(func(k string) string { return vars[k] }) }
-	if _, err := parseAPIConfig("", nil, env(map[string]string{"MAX_CONNS": "100"})); err == nil ||
-		!strings.Contains(err.Error(), "-max-conns") {
-		t.Errorf("MAX_CONNS=100 below MAX_IN_FLIGHT=512: err %v, want one naming -max-conns", err)
+	for _, v := range []string{"100", fmt.Sprint(MaxAPIConns + 1), "281474976710656"} {
+		if _, err := parseAPIConfig("", nil, env(map[string]string{"MAX_CONNS": v})); err == nil ||
+			!strings.Contains(err.Error(), "-max-conns") {
+			t.Errorf("MAX_CONNS=%s: err %v, want one naming -max-conns", v, err)
+		}
+	}
+	if _, err := parseAPIConfig("", nil, env(map[string]string{"MAX_CONNS": fmt.Sprint(MaxAPIConns)})); err != nil {
+		t.Errorf("MAX_CONNS=%d (the most): %v", MaxAPIConns, err)
 	}
 	cfg, err := parseAPIConfig("", nil, env(map[string]string{}))
 	if err != nil {

@@ -3,45 +3,90 @@ package app
 import (
 	"log/slog"
 	"runtime/debug"
+	"runtime/metrics"
+	"time"
 )
 
-// The api's memory budget: APIMemoryBase plus APIMemoryPerConn for each
-// connection -max-conns lets it keep open (72 MiB at the default 1,024).
+// APIMemoryBase and APIMemoryPerConn make the api's memory budget:
+// APIMemoryBase plus APIMemoryPerConn for each connection -max-conns lets
+// it keep open (72 MiB at the default 1,024).
 //
 // Measured at the bench's overloaded step (1,024 connections open, 1,300
 // goroutines, `go run ./cmd/bench -only load`): a live heap of 24 MB and
 // 22 MB of goroutine stacks, but with the Go runtime's default pacing
 // (GOGC=100) the heap grew to twice its live size and the process's
-// resident set to 105–109 MiB. The soft limit makes the runtime collect
-// earlier and return freed pages as it nears the budget, instead of
-// growing to twice the live heap; below it nothing changes.
-//
-// It is soft: a live heap larger than the budget (512 requests in flight,
-// each with a body of up to 1 MiB, is 512 MiB) is never refused memory.
-// The runtime then collects continuously, with at most about half the CPU
-// (its GC CPU limiter), so such a flood costs CPU rather than growing the
-// process. GOMEMLIMIT=off trades back: memory for CPU.
+// resident set to 100–106 MiB. With the budget as the runtime's soft
+// memory limit, the runtime collects earlier and returns freed pages as
+// the process nears it, instead of growing to twice the live heap; below
+// it nothing changes.
 const (
 	APIMemoryBase    = 40 << 20
 	APIMemoryPerConn = 32 << 10
 )
 
-// APIMemoryLimit is the Go runtime's soft memory limit an api process sets
-// for itself with -max-conns maxConns.
+// MaxAPIConns is the most -max-conns accepts.
+const MaxAPIConns = 1 << 20
+
+// APIMemoryLimit is the memory budget of an api with -max-conns maxConns.
 func APIMemoryLimit(maxConns int) int64 {
 	return APIMemoryBase + int64(maxConns)*APIMemoryPerConn
 }
 
-// limitMemory sets the process's soft memory limit to limit, unless the
-// environment sets GOMEMLIMIT (the runtime's own setting then stands;
-// GOMEMLIMIT=off turns the limit off). It is process-wide, so only a
-// process's main calls it (RunAPIProcess), never a test that runs an api
-// in its own process.
-func limitMemory(getenv func(string) string, limit int64, logger *slog.Logger) {
+// The soft limit never squeezes the collector harder than this: it stays
+// at least 1.5 × the live heap plus the goroutine stacks and
+// memoryLimitSlack for the runtime's own. A live heap that outgrows the
+// budget is not an error: a tenant may legally hold 64 request bodies of
+// up to 1 MiB each, 64 MiB, and a fixed limit below that would have the
+// runtime collect back to back (up to half the CPU, its GC CPU limiter's
+// cap), slowing every tenant for one tenant's bodies. Above the budget
+// the process collects as if GOGC were 50, and grows.
+const (
+	memoryLimitSlack = 8 << 20
+	memoryLimitEvery = 250 * time.Millisecond
+)
+
+// memoryLimitFor is the soft limit for budget with live bytes of live
+// heap and stacks bytes of goroutine stacks: the budget, or the floor
+// above, whichever is higher.
+func memoryLimitFor(budget, live, stacks int64) int64 {
+	return max(budget, live+live/2+stacks+memoryLimitSlack)
+}
+
+// keepMemoryBudget holds the process's soft memory limit at
+// memoryLimitFor(budget, …), re-reading the live heap every
+// memoryLimitEvery, until stop is called (stop waits for the last update),
+// unless the environment sets GOMEMLIMIT (the runtime's own setting then
+// stands; GOMEMLIMIT=off turns the limit off). The limit is the process's,
+// so only a process's own main keeps it (RunAPIProcess), never a test that
+// runs an api inside the test's process.
+func keepMemoryBudget(getenv func(string) string, budget int64, logger *slog.Logger) (stop func()) {
 	if v := getenv("GOMEMLIMIT"); v != "" {
 		logger.Info("memory limit from GOMEMLIMIT", "GOMEMLIMIT", v)
-		return
+		return func() {}
 	}
-	debug.SetMemoryLimit(limit)
-	logger.Info("memory limit", "mib", limit>>20, "from", "-max-conns")
+	logger.Info("memory budget", "mib", budget>>20, "from", "-max-conns")
+	samples := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/heap/stacks:bytes"}}
+	set := func() {
+		metrics.Read(samples)
+		debug.SetMemoryLimit(memoryLimitFor(budget, int64(samples[0].Value.Uint64()), int64(samples[1].Value.Uint64())))
+	}
+	set()
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(memoryLimitEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				set()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
 }

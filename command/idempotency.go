@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/postgres"
@@ -300,7 +302,21 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 		done, err = s.preclaim(ctx, req, fp, canonical, wait, *pre, &res, &outcome)
 	}
 	if !done && err == nil {
-		err = s.inTx(ctx, req, fp, canonical, wait, reserved, exec, &res, &outcome)
+		// A claim that timed out on a lock other than the key's (the
+		// table's extension under I/O pressure, DDL) is tried again: no
+		// request holds this key. Past claimStallAttempts the caller gets
+		// ErrInFlight after all, a 409 with Retry-After that clients retry.
+		for attempt := 1; ; attempt++ {
+			err = s.inTx(ctx, req, fp, canonical, wait, reserved, exec, &res, &outcome)
+			if !errors.Is(err, errClaimStalled) {
+				break
+			}
+			if attempt == claimStallAttempts {
+				outcome |= outcomeWaitTimeout
+				err = ErrInFlight
+				break
+			}
+		}
 	}
 	if errors.Is(err, errUnstored) {
 		err = nil
@@ -322,8 +338,9 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 // written, if the key exists or the statement raised a conflict of the
 // command's own or a serialization failure: the caller then goes Do's way.
 // The wait bound (lock_timeout) holds for the whole transaction, the
-// command's writes included: a lock on its tables held past it, by DDL say,
-// answers ErrInFlight too, which a retry gets past as well. took is the
+// command's writes included: a lock timeout on anything but the key (its
+// tables' extension, DDL) also leaves nothing written and goes Do's way,
+// where only the claim is bounded. took is the
 // key's insert as the database timed it, without the command's writes.
 func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canonical []byte, wait time.Duration, pre Preclaim, res *Result, outcome *outcomes) (done bool, err error) {
 	r := pre.Response
@@ -341,13 +358,14 @@ func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canoni
 	if err == nil && keyTook != nil {
 		took = time.Duration(*keyTook * float64(time.Second))
 	}
-	timedOut := postgres.HasCode(err, postgres.CodeLockNotAvailable)
+	timedOut := waitedForKey(err)
 	s.observeWait(took, timedOut, outcome)
 	switch {
 	case timedOut:
 		*outcome |= outcomeWaitTimeout
 		return false, ErrInFlight
-	case postgres.HasCode(err, postgres.CodeUniqueViolation) || postgres.Retryable(err):
+	case postgres.HasCode(err, postgres.CodeUniqueViolation) || postgres.Retryable(err) ||
+		postgres.HasCode(err, postgres.CodeLockNotAvailable): // a lock other than the key's: go Do's way
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("claim idempotency key: %w", err)
@@ -403,12 +421,14 @@ func (s *Idempotency) inTx(ctx context.Context, req KeyedRequest, fp, canonical 
 				// and is refused (the rollback stores nothing).
 			}
 			claimed, expiresAt, took, err := s.claim(ctx, tx, req, fp, canonical, wait)
-			timedOut := postgres.HasCode(err, postgres.CodeLockNotAvailable)
+			timedOut := waitedForKey(err)
 			s.observeWait(took, timedOut, outcome)
 			switch {
 			case timedOut:
 				*outcome |= outcomeWaitTimeout
 				return ErrInFlight
+			case postgres.HasCode(err, postgres.CodeLockNotAvailable):
+				return fmt.Errorf("%w: %w", errClaimStalled, err)
 			case err != nil:
 				return fmt.Errorf("claim idempotency key: %w", err)
 			case claimed && !reserved:
@@ -592,6 +612,9 @@ func (s *Idempotency) DeleteExpired(ctx context.Context, batch int) (int64, erro
 // transaction's; if not, a committed request holds the key. took is how long
 // the insert took: at least waitThreshold, it was held up by another
 // transaction. A wait past the bound is an error with SQLSTATE 55P03.
+// (The bound starts with the batch's first statement: the first Parse of
+// the insert on a connection takes the table's lock before it, and waits
+// for a table lock, DDL's, unbounded.)
 func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration) (claimed bool, expiresAt time.Time, took time.Duration, err error) {
 	b := &pgx.Batch{}
 	b.Queue(KeyLockTimeout, lockTimeout(wait))
@@ -678,6 +701,27 @@ const minKeyWait = 50 * time.Millisecond
 // "wait forever").
 func lockTimeout(wait time.Duration) string {
 	return fmt.Sprintf("%dms", max(wait, minKeyWait).Milliseconds())
+}
+
+// claimStallAttempts is how many times Do claims a key whose claim timed
+// out on a lock other than the key's before it answers ErrInFlight.
+const claimStallAttempts = 3
+
+// errClaimStalled: a claim timed out on a lock other than the key's.
+var errClaimStalled = errors.New("claim timed out on a lock other than its key's")
+
+// waitedForKey reports whether err is a lock timeout (the wait bound) spent
+// waiting for another transaction's row of idempotency_keys: a request in
+// flight with the key. PostgreSQL names the index tuple and its relation in
+// the error's context then ("while inserting index tuple (0,1) in relation
+// "idempotency_keys"", translated with lc_messages but for the name). A
+// lock timeout without it waited for something else, such as the table's
+// extension, which under I/O pressure passed the 50 ms floor in CI and
+// answered a fresh key "in flight".
+func waitedForKey(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == postgres.CodeLockNotAvailable &&
+		strings.Contains(pgErr.Where, "idempotency_keys")
 }
 
 // canonicalJSON is the canonical form of a validated command: its JSON

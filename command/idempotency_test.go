@@ -3,6 +3,7 @@ package command_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/postgres"
 )
 
 func newOrder(customer string) domain.NewOrder {
@@ -260,5 +262,76 @@ func TestNotFoundIsNotStored(t *testing.T) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM idempotency_keys`); n != 0 {
 		t.Fatalf("%d keys stored for a 404", n)
+	}
+}
+
+// A claim that times out on a lock other than its key's (here the table,
+// locked by a stand-in for DDL or its extension under I/O pressure) is not
+// a request in flight: Do claims again instead of answering ErrInFlight,
+// and runs once the table is free.
+func TestClaimStalledOnAnotherLockIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.DatabaseURL(t)
+	// One connection, its statements prepared by a first Do: a statement's
+	// first Parse takes the table's lock before the batch sets the wait
+	// bound, and would wait unbounded on a locked table.
+	one, err := postgres.Open(ctx, url, 1, 10*time.Second, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	other, err := postgres.Open(ctx, url, 4, 10*time.Second, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	idem := newIdem(t, one, command.IdempotencyConfig{TTL: time.Hour})
+	do := func(key string) error {
+		cmd := command.CreateOrder{TenantID: "t1", Key: key, NewOrder: newOrder("c-1")}
+		_, err := idem.Do(ctx, command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders", Key: key, Command: cmd}, time.Second, createExec(cmd))
+		return err
+	}
+	if err := do("k-warm"); err != nil {
+		t.Fatal(err)
+	}
+
+	holder, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck // after the commit below, a no-op
+	if _, err := holder.Exec(ctx, `LOCK TABLE idempotency_keys IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- do("k-stalled") }()
+	// Two claims seen waiting on the table (their statements started at
+	// different times): the first one timed out and Do tried again.
+	starts := map[time.Time]bool{}
+	testenv.Eventually(t, 10*time.Second, "a second claim waits on the locked table", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Do returned %v while the table was locked", err)
+		default:
+		}
+		var start time.Time
+		err := other.QueryRow(ctx, `
+SELECT a.query_start FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+WHERE NOT l.granted AND l.relation = 'idempotency_keys'::regclass`).Scan(&start)
+		if err == nil {
+			starts[start] = true
+		}
+		return len(starts) >= 2
+	})
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Do after the table was free: %v", err)
+	}
+	var n int
+	if err := other.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d orders (%v), want 2", n, err)
 	}
 }

@@ -73,8 +73,9 @@ func (e *MismatchError) Error() string {
 }
 
 // ErrInFlight is returned by Do when another request with the same key is
-// still executing and did not finish within the wait bound. Retrying later
-// with the same key is safe.
+// still executing and did not finish within the wait bound, and also when
+// the key's claim timed out twice on another lock (claimStallAttempts).
+// Retrying later with the same key is safe.
 var ErrInFlight = errors.New("a request with this idempotency key is still in flight")
 
 // ErrKeyQuotaExceeded is matched (errors.Is) by the *KeyQuotaError that Do
@@ -116,8 +117,9 @@ type Executor func(ctx context.Context, tx pgx.Tx) (Response, error)
 // costs one round trip, where BEGIN, the claim, the command, storing the
 // response (KeyComplete) and COMMIT cost five. If the key exists (a retry,
 // or a request that held it and ended), or the command's writes meet a
-// conflict of their own, that transaction writes nothing and DoPreclaimed
-// goes on as Do with Otherwise.
+// conflict of their own, or the statement timed out on a lock other than
+// the key's, that transaction writes nothing and DoPreclaimed goes on as
+// Do with Otherwise.
 type Preclaim struct {
 	// Response is what the command answers when its writes go through;
 	// stored with the key. It must be storable: 2xx to 4xx, not 404, not
@@ -254,7 +256,9 @@ func NewIdempotency(db postgres.DB, cfg IdempotencyConfig) (*Idempotency, error)
 // returns the stored response with Replayed set. A 404 response is returned
 // without being stored (its ExpiresAt is zero). If a transaction holding the
 // same key is in flight, Do waits up to wait for it to end (then replays its
-// result, or executes if it rolled back), and returns ErrInFlight after that.
+// result, or executes if it rolled back), and returns ErrInFlight after that
+// (after at most twice the bound if the claim also stalled on another lock;
+// see claimStallAttempts).
 // It returns a *MismatchError if the key was used with another request, and
 // a *KeyQuotaError (ErrKeyQuotaExceeded) if it would store a new key for a
 // tenant at its quota; at the quota a key still in flight is waited for
@@ -303,9 +307,10 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 	}
 	if !done && err == nil {
 		// A claim that timed out on a lock other than the key's (the
-		// table's extension under I/O pressure, DDL) is tried again: no
-		// request holds this key. Past claimStallAttempts the caller gets
-		// ErrInFlight after all, a 409 with Retry-After that clients retry.
+		// table's extension under I/O pressure, DDL) is tried again: most
+		// likely no request holds this key. Past claimStallAttempts the
+		// caller gets ErrInFlight after all, a 409 with Retry-After that
+		// clients retry.
 		for attempt := 1; ; attempt++ {
 			err = s.inTx(ctx, req, fp, canonical, wait, reserved, exec, &res, &outcome)
 			if !errors.Is(err, errClaimStalled) {
@@ -313,7 +318,7 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 			}
 			if attempt == claimStallAttempts {
 				outcome |= outcomeWaitTimeout
-				err = ErrInFlight
+				err = fmt.Errorf("%w (%w)", ErrInFlight, err)
 				break
 			}
 		}
@@ -359,7 +364,9 @@ func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canoni
 		took = time.Duration(*keyTook * float64(time.Second))
 	}
 	timedOut := waitedForKey(err)
-	s.observeWait(took, timedOut, outcome)
+	if err == nil || timedOut { // a stall on another lock is no wait for the key
+		s.observeWait(took, timedOut, outcome)
+	}
 	switch {
 	case timedOut:
 		*outcome |= outcomeWaitTimeout
@@ -422,7 +429,9 @@ func (s *Idempotency) inTx(ctx context.Context, req KeyedRequest, fp, canonical 
 			}
 			claimed, expiresAt, took, err := s.claim(ctx, tx, req, fp, canonical, wait)
 			timedOut := waitedForKey(err)
-			s.observeWait(took, timedOut, outcome)
+			if err == nil || timedOut { // a stall on another lock is no wait for the key
+				s.observeWait(took, timedOut, outcome)
+			}
 			switch {
 			case timedOut:
 				*outcome |= outcomeWaitTimeout
@@ -694,7 +703,8 @@ WHERE tenant_id = $1 AND scope = $2 AND key = $3 AND expires_at <= now()`
 
 // minKeyWait is the shortest wait bound, even for Prefer: wait=0: short
 // enough to answer at once, long enough that brief internal locks (such as
-// extending the table) never pass for a request in flight.
+// extending the table) rarely time a claim out (one that does is tried
+// again: waitedForKey).
 const minKeyWait = 50 * time.Millisecond
 
 // lockTimeout renders a wait bound for lock_timeout (where 0 would mean
@@ -704,20 +714,26 @@ func lockTimeout(wait time.Duration) string {
 }
 
 // claimStallAttempts is how many times Do claims a key whose claim timed
-// out on a lock other than the key's before it answers ErrInFlight.
-const claimStallAttempts = 3
+// out on a lock other than the key's before it answers ErrInFlight: twice,
+// so a request waits at most twice its bound (a preclaimed one, whose
+// statement falls back to Do's way, three times), also in the rare case
+// the lock was the key's after all (see waitedForKey).
+const claimStallAttempts = 2
 
 // errClaimStalled: a claim timed out on a lock other than the key's.
 var errClaimStalled = errors.New("claim timed out on a lock other than its key's")
 
 // waitedForKey reports whether err is a lock timeout (the wait bound) spent
-// waiting for another transaction's row of idempotency_keys: a request in
-// flight with the key. PostgreSQL names the index tuple and its relation in
-// the error's context then ("while inserting index tuple (0,1) in relation
-// "idempotency_keys"", translated with lc_messages but for the name). A
-// lock timeout without it waited for something else, such as the table's
-// extension, which under I/O pressure passed the 50 ms floor in CI and
-// answered a fresh key "in flight".
+// waiting for the transaction that wrote the key's row: a request in flight
+// with the key (or one deleting it expired). PostgreSQL then names the
+// existing row and the table in the error's context ("while inserting index
+// tuple (0,1) in relation "idempotency_keys"", translated with lc_messages
+// but for the name). A lock timeout without it waited for something else,
+// such as the table's extension, which under I/O pressure passed the 50 ms
+// floor in CI and answered a fresh key "in flight". One wait on the key has
+// no context: for another insert's speculative token, held only between
+// its heap and index writes, which outlasts a bound only when the disk
+// stalls; that request is tried again (claimStallAttempts).
 func waitedForKey(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == postgres.CodeLockNotAvailable &&

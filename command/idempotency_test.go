@@ -318,7 +318,8 @@ func TestClaimStalledOnAnotherLockIsTriedAgain(t *testing.T) {
 		var start time.Time
 		err := other.QueryRow(ctx, `
 SELECT a.query_start FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-WHERE NOT l.granted AND l.relation = 'idempotency_keys'::regclass`).Scan(&start)
+WHERE NOT l.granted AND l.relation = 'idempotency_keys'::regclass
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&start)
 		if err == nil {
 			starts[start] = true
 		}

@@ -172,6 +172,9 @@ func TestInFlightKeyWaitsThen409(t *testing.T) {
 	if waited < 900*time.Millisecond {
 		t.Fatalf("answered after %s: it did not wait for the in-flight request", waited)
 	}
+	if waited >= 2*time.Second { // a claim retried as if stalled on another lock (command.waitedForKey)
+		t.Fatalf("answered after %s: the wait for a key in flight was not recognised as one", waited)
+	}
 	if s := a.idem.Stats(); s.WaitTimeouts != 1 || s.Waits != 1 {
 		t.Fatalf("stats = %+v, want one wait that timed out", s)
 	}

@@ -57,6 +57,33 @@ FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bigint[], $6::bigint[])
 ON CONFLICT (projection, event_id) DO NOTHING
 RETURNING event_id`
 
+	// PositionsGateSQL is the one-round-trip batch's check of its premise
+	// that each aggregate's next event is the first of the batch: it locks
+	// the position of every aggregate ($2, sorted, like PositionsLockSQL)
+	// and raises (projection_gate_check, SQLSTATE PJ001) unless each is at
+	// $3, the version before (0: no position yet).
+	PositionsGateSQL = `
+SELECT projection_gate_check(count(*) FILTER (WHERE coalesce(p.version, 0) = w.before) = count(*),
+                             'an event is not next in line for its order')
+FROM unnest($2::uuid[], $3::bigint[]) AS w(aggregate_id, before)
+LEFT JOIN LATERAL (
+    SELECT version FROM projection_positions
+    WHERE projection = $1 AND aggregate_id = w.aggregate_id
+    FOR UPDATE) AS p ON true`
+
+	// InboxAllNewSQL records a batch's events in the inbox and raises
+	// (SQLSTATE PJ001) unless all $7 of them are new: the one-round-trip
+	// batch's other premise.
+	InboxAllNewSQL = `
+WITH recorded AS (
+    INSERT INTO inbox (projection, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
+    SELECT $1, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq
+    FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bigint[], $6::bigint[])
+         AS i(event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
+    ON CONFLICT (projection, event_id) DO NOTHING
+    RETURNING 1)
+SELECT projection_gate_check(count(*) = $7, 'an event is in the inbox already') FROM recorded`
+
 	// Aggregates of the batch with an unresolved dead letter: whether one
 	// is open, and the lowest parked version. Their later events are
 	// parked behind it, not applied.
@@ -85,9 +112,13 @@ SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq
 
 // commit applies events in one transaction of their own and, after it
 // committed, reports the orders it applied (and their versions) to
-// Config.Applied.
+// Config.Applied. The common batch (every event new and next in line)
+// commits in one round trip (commitInOneTrip); any other is applied the
+// careful way (commitTx), which sorts out each event.
 func (r *Runner) commit(ctx context.Context, events []*event) error {
-	if err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error { return r.commitTx(ctx, tx, events) }); err != nil {
+	if r.commitInOneTrip(ctx, events) {
+		r.oneTrip.Add(1)
+	} else if err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error { return r.commitTx(ctx, tx, events) }); err != nil {
 		return err
 	}
 	r.advanceCheckpoint(events)
@@ -286,6 +317,82 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 		return fmt.Errorf("apply %d events: %w", len(apply), err)
 	}
 	return nil
+}
+
+// gateRefused is the SQLSTATE projection_gate_check raises when a
+// one-round-trip batch's premise does not hold.
+const gateRefused = "PJ001"
+
+// commitInOneTrip applies events as the batch the stream usually brings,
+// every event new and next in line for its order, in ONE round trip: the
+// projection's shared lock, PositionsGateSQL, InboxAllNewSQL, the
+// projection's writes and PositionsAdvanceSQL go as one pipeline, which
+// PostgreSQL runs as one implicit transaction committed at its end. The two
+// checks raise when the premise does not hold (a duplicate, a stale event,
+// a gap), and the whole transaction rolls back. It reports whether the
+// batch committed (each event Applied then); when not, nothing was
+// written, and commit applies the batch the careful way (commitTx), which
+// also reports a malformed event or a failure. The statements and their
+// locks come in the careful way's order (positions by aggregate first), so
+// batches of either way cannot deadlock each other.
+func (r *Runner) commitInOneTrip(ctx context.Context, events []*event) bool {
+	name := r.proj.Name()
+	var live []*event
+	var envs []domain.Envelope
+	var gateAggs []uuid.UUID
+	var before []int64
+	for _, e := range events { // in (aggregate, version) order
+		if e.undecodable {
+			continue
+		}
+		if n := len(live); n > 0 && live[n-1].env.AggregateID == e.env.AggregateID {
+			// The batch must hold an order's versions without a hole or a
+			// copy (a decoded version is at least 1: v-1 cannot overflow).
+			if e.env.AggregateVersion-1 != live[n-1].env.AggregateVersion {
+				return false
+			}
+		} else {
+			gateAggs, before = append(gateAggs, e.env.AggregateID), append(before, e.env.AggregateVersion-1)
+		}
+		live, envs = append(live, e), append(envs, e.env)
+	}
+	if len(live) == 0 {
+		return false
+	}
+	n := len(live)
+	ids, tenants, aggs := make([]uuid.UUID, n), make([]string, n), make([]uuid.UUID, n)
+	versions, seqs := make([]int64, n), make([]int64, n)
+	var lastTenants []string
+	var lastAggs []uuid.UUID
+	var lastVersions []int64
+	for i, e := range live {
+		ids[i], tenants[i], aggs[i] = e.env.ID, e.env.TenantID, e.env.AggregateID
+		versions[i], seqs[i] = e.env.AggregateVersion, int64(e.seq)
+		if k := len(lastAggs); k > 0 && lastAggs[k-1] == e.env.AggregateID {
+			lastVersions[k-1] = e.env.AggregateVersion
+			continue
+		}
+		lastTenants, lastAggs, lastVersions = append(lastTenants, e.env.TenantID), append(lastAggs, e.env.AggregateID), append(lastVersions, e.env.AggregateVersion)
+	}
+
+	b := &pgx.Batch{}
+	b.Queue(SharedLockSQL, AdvisoryClass, name)
+	b.Queue(PositionsGateSQL, name, gateAggs, before)
+	b.Queue(InboxAllNewSQL, name, ids, tenants, aggs, versions, seqs, n)
+	if err := r.proj.Queue(b, envs); err != nil {
+		return false // the careful way reports it
+	}
+	b.Queue(PositionsAdvanceSQL, name, lastTenants, lastAggs, lastVersions)
+	if err := r.db.SendBatch(ctx, b).Close(); err != nil {
+		if !postgres.HasCode(err, gateRefused) {
+			r.logger.DebugContext(ctx, "one-round-trip batch failed; applying it the careful way", "events", n, "err", err)
+		}
+		return false
+	}
+	for _, e := range live {
+		e.outcome, e.err = Applied, nil
+	}
+	return true
 }
 
 // lockPositions takes the projection's shared lock and then locks and reads

@@ -208,6 +208,7 @@ type Runner struct {
 	checkpoint atomic.Uint64              // highest stream sequence committed (checkpointLoop writes it)
 	deferred   atomic.Int64               // delayed events parked past their tenant's share
 	lingers    atomic.Int64               // batches that lingered (BatchWait)
+	oneTrip    atomic.Int64               // transactions committed in one round trip (commitInOneTrip)
 	window     *delayedWindow
 	obs        Observers
 }
@@ -240,6 +241,9 @@ type Stats struct {
 	Deferred int64
 	// Lingers counts batches that waited BatchWait for more events.
 	Lingers int64
+	// OneTrip counts batches committed in one round trip, every event new
+	// and next in line; the others were applied the careful way.
+	OneTrip int64
 }
 
 // Stats returns the runner's counters.
@@ -254,6 +258,7 @@ func (r *Runner) Stats() Stats {
 		DeadLettered: r.stats[DeadLettered].Load(),
 		Deferred:     r.deferred.Load(),
 		Lingers:      r.lingers.Load(),
+		OneTrip:      r.oneTrip.Load(),
 	}
 }
 

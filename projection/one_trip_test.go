@@ -1,0 +1,190 @@
+package projection
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/domain"
+)
+
+// roundTrips counts what a pool sends: each statement outside a batch
+// (BEGIN and COMMIT among them) and each batch, one round trip apiece.
+type roundTrips struct{ n atomic.Int64 }
+
+func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// oneTripFixture is a runner of proj on a fresh database whose round trips
+// are counted.
+func oneTripFixture(t *testing.T, proj Projection) (fixture, *roundTrips) {
+	t.Helper()
+	trips := &roundTrips{}
+	f := fixture{db: tracedDB(t, trips)}
+	f.runner = mustRunner(t, f.db, nil, proj, slog.New(slog.NewTextHandler(io.Discard, nil)), Config{})
+	return f, trips
+}
+
+// events wraps envs as delivered events, at stream sequences from seq on.
+func events(envs []domain.Envelope, seq uint64) []*event {
+	out := make([]*event, len(envs))
+	for i, env := range envs {
+		out[i] = &event{env: env, seq: seq + uint64(i), deliveries: 1}
+	}
+	slices.SortStableFunc(out, compareEvents) // as decode does
+	return out
+}
+
+// The batch the stream usually brings, every event new and next in line
+// (an order's three events and another order's first), commits in one
+// round trip in every projection, with the same effect as the careful way.
+func TestABatchOfNewEventsCommitsInOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, proj := range []Projection{OrderViews{}, CustomerSummaries{}, DailySales{}} {
+		t.Run(proj.Name(), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f, trips := oneTripFixture(t, proj)
+			life := lifecycleEvents(t, "c-one-trip")
+			other := createdEvent(t, uuid.Must(uuid.NewV7()))
+			batch := events(append(life, other), 1)
+
+			before := trips.n.Load()
+			if err := f.runner.commit(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+			if got := trips.n.Load() - before; got != 1 {
+				t.Errorf("round trips = %d; want 1", got)
+			}
+			for _, e := range batch {
+				if e.outcome != Applied {
+					t.Errorf("event v%d of %s: %v; want applied", e.env.AggregateVersion, e.env.AggregateID, e.outcome)
+				}
+			}
+			if s := f.runner.Stats(); s.OneTrip != 1 {
+				t.Errorf("OneTrip = %d; want 1", s.OneTrip)
+			}
+			if n := f.count(t, `SELECT count(*) FROM inbox WHERE projection = $1`, proj.Name()); n != 4 {
+				t.Errorf("inbox rows = %d; want 4", n)
+			}
+			for id, want := range map[uuid.UUID]int64{life[0].AggregateID: 3, other.AggregateID: 1} {
+				if v := f.count(t, `SELECT version FROM projection_positions WHERE projection = $1 AND aggregate_id = $2`, proj.Name(), id); int64(v) != want {
+					t.Errorf("position of %s = %d; want %d", id, v, want)
+				}
+			}
+			if proj.Name() == "order_views" {
+				if v, _ := f.view(t, life[0].AggregateID); v != 3 {
+					t.Errorf("order view version = %d; want 3", v)
+				}
+			}
+			if proj.Name() == "customer_summaries" {
+				if n := f.count(t, `SELECT orders_shipped FROM customer_summaries WHERE customer_id = 'c-one-trip'`); n != 1 {
+					t.Errorf("orders shipped = %d; want 1", n)
+				}
+			}
+		})
+	}
+}
+
+// A batch off the premise (an event seen before, a missing predecessor, a
+// hole inside the batch) writes nothing in its one round trip: the
+// pipeline's implicit transaction rolls back whole, and the careful way
+// sorts each event out exactly as it always did. Customer summaries count,
+// so an event applied twice would show.
+func TestABatchOffItsPremiseIsAppliedTheCarefulWay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	life := lifecycleEvents(t, "c-careful") // v1 created, v2 paid, v3 shipped
+	cases := []struct {
+		name  string
+		setup func(t *testing.T, f fixture)
+		batch []domain.Envelope
+		want  []Outcome // in (aggregate, version) order
+		// version of the order's position afterwards, and its inbox rows
+		position, inbox int
+	}{
+		{name: "a copy of an applied event and its successor",
+			setup: func(t *testing.T, f fixture) { mustCommit(t, f, events(life[:1], 1)) },
+			batch: life[:2], want: []Outcome{Duplicate, Applied}, position: 2, inbox: 2},
+		{name: "an event in the inbox whose position is behind",
+			setup: func(t *testing.T, f fixture) {
+				if _, err := f.db.Exec(ctx, `INSERT INTO inbox (projection, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
+VALUES ('customer_summaries', $1, 't1', $2, 1, 1)`, life[0].ID, life[0].AggregateID); err != nil {
+					t.Fatal(err)
+				}
+			},
+			batch: life[:1], want: []Outcome{Duplicate}, position: 0, inbox: 1},
+		{name: "a missing predecessor",
+			setup: func(t *testing.T, f fixture) { mustCommit(t, f, events(life[:1], 1)) },
+			batch: life[2:], want: []Outcome{Gap}, position: 1, inbox: 1},
+		{name: "a hole inside the batch",
+			batch: []domain.Envelope{life[0], life[2]}, want: []Outcome{Applied, Gap}, position: 1, inbox: 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f, trips := oneTripFixture(t, CustomerSummaries{})
+			if c.setup != nil {
+				c.setup(t, f)
+			}
+			oneTrip := f.runner.Stats().OneTrip
+			before := trips.n.Load()
+			batch := events(c.batch, 10)
+			if err := f.runner.commit(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+			if got := trips.n.Load() - before; got < 3 {
+				t.Errorf("round trips = %d; want the careful way's (BEGIN, …, COMMIT)", got)
+			}
+			if got := f.runner.Stats().OneTrip; got != oneTrip {
+				t.Errorf("OneTrip went %d → %d; want unchanged", oneTrip, got)
+			}
+			for i, e := range batch {
+				if e.outcome != c.want[i] {
+					t.Errorf("v%d: %v; want %v", e.env.AggregateVersion, e.outcome, c.want[i])
+				}
+			}
+			if n := f.count(t, `SELECT coalesce(max(version), 0) FROM projection_positions WHERE aggregate_id = $1`, life[0].AggregateID); n != c.position {
+				t.Errorf("position = %d; want %d", n, c.position)
+			}
+			if n := f.count(t, `SELECT count(*) FROM inbox WHERE aggregate_id = $1`, life[0].AggregateID); n != c.inbox {
+				t.Errorf("inbox rows = %d; want %d", n, c.inbox)
+			}
+			// The summary holds what the applied events say, once.
+			var created, paid int
+			applied := c.position
+			err := f.db.QueryRow(ctx, `SELECT orders_pending + orders_paid + orders_shipped, orders_paid FROM customer_summaries WHERE customer_id = 'c-careful'`).Scan(&created, &paid)
+			switch {
+			case applied == 0 && err == pgx.ErrNoRows:
+			case applied == 0 && err == nil:
+				t.Errorf("summary: %d orders, %d paid; want none (nothing applied)", created, paid)
+			case err != nil:
+				t.Fatalf("read summary: %v", err)
+			case created != 1 || paid != min(applied-1, 1):
+				t.Errorf("summary: %d orders, %d paid; want 1 and %d", created, paid, min(applied-1, 1))
+			}
+		})
+	}
+}
+
+func mustCommit(t *testing.T, f fixture, batch []*event) {
+	t.Helper()
+	if err := f.runner.commit(context.Background(), batch); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,134 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/outbox"
+	"github.com/acme/orders/stream"
+)
+
+// roundTrips counts what a pool's connections send: each statement outside
+// a batch and each batch, one round trip apiece.
+type roundTrips struct{ n atomic.Int64 }
+
+func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// A relay round is one transaction in two round trips, its BEGIN sent with
+// the claim and its COMMIT with the mark; an empty round takes two as well.
+// A round whose publish fails marks nothing, keeps its partitions and
+// leaves its connection ready for the next round, which publishes the rows.
+func TestARelayRoundTakesTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	trips := &roundTrips{}
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = trips
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	js := testenv.JetStream(t)
+	if _, err := stream.Ensure(ctx, js, stream.Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	relay := newRelay(t, db, js, outbox.Config{Workers: 1})
+	relayRound := func() (int, int64, error) {
+		before := trips.n.Load()
+		claimed, err := relay.RelayBatch(ctx)
+		return claimed, trips.n.Load() - before, err
+	}
+
+	// The first round sets up the lease (its settings, its partitions).
+	if _, _, err := relayRound(); err != nil {
+		t.Fatal(err)
+	}
+	if claimed, n, err := relayRound(); err != nil || claimed != 0 || n != 2 {
+		t.Fatalf("empty round: claimed %d in %d round trips, err %v; want 0 in 2", claimed, n, err)
+	}
+	createOrders(t, db, 3, "rt")
+	if claimed, n, err := relayRound(); err != nil || claimed != 3 || n != 2 {
+		t.Fatalf("round of 3 events: claimed %d in %d round trips, err %v; want 3 in 2", claimed, n, err)
+	}
+	if got := relay.Stats().Published; got != 3 {
+		t.Fatalf("published %d; want 3", got)
+	}
+
+	// No stream: the publish fails, nothing is marked, the lease stays.
+	createOrders(t, db, 2, "rt-failed")
+	if err := js.DeleteStream(ctx, stream.Name); err != nil {
+		t.Fatal(err)
+	}
+	owned := relay.Stats().Partitions
+	if claimed, _, err := relayRound(); err == nil || claimed != 2 {
+		t.Fatalf("round without a stream: claimed %d, err %v; want 2 claimed and the publish's error", claimed, err)
+	}
+	if st := relay.Stats(); st.Published != 3 || st.Partitions != owned {
+		t.Fatalf("after the failed round: %+v; want 3 published and %d partitions still owned", st, owned)
+	}
+	if _, err := stream.Ensure(ctx, js, stream.Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	if claimed, n, err := relayRound(); err != nil || claimed != 2 || n != 2 {
+		t.Fatalf("round after the stream is back: claimed %d in %d round trips, err %v; want 2 in 2", claimed, n, err)
+	}
+	var unpublished int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil {
+		t.Fatal(err)
+	}
+	if unpublished != 0 {
+		t.Fatalf("%d rows unpublished; want 0", unpublished)
+	}
+}
+
+// BenchmarkRelayRound measures one relay round (claim, publish, mark) of n
+// events, the batch size of a relay under light load (3) and under a drain
+// (100); ns/op is per round.
+func BenchmarkRelayRound(b *testing.B) {
+	ctx := context.Background()
+	db, js := testenv.DB(b), testenv.JetStream(b)
+	if _, err := stream.Ensure(ctx, js, stream.Settings{}); err != nil {
+		b.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(db, js, slog.New(slog.NewTextHandler(io.Discard, nil)), outbox.Config{Workers: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := relay.RelayBatch(ctx); err != nil { // the lease
+		b.Fatal(err)
+	}
+	for _, n := range []int{3, 100} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for i := 0; b.Loop(); i++ {
+				b.StopTimer()
+				createOrders(b, db, n, fmt.Sprintf("bench-%d-%d", n, i))
+				b.StartTimer()
+				if claimed, err := relay.RelayBatch(ctx); err != nil || claimed != n {
+					b.Fatalf("claimed %d, err %v; want %d", claimed, err, n)
+				}
+			}
+		})
+	}
+}

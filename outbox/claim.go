@@ -99,7 +99,7 @@ func claim(ctx context.Context, conn *pgx.Conn, size int, owned []int16) ([]outb
 	res := conn.SendBatch(ctx, b)
 	defer res.Close()
 	if _, err := res.Exec(); err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
+		return nil, fmt.Errorf("claim outbox rows: begin: %w", err)
 	}
 	rows, _ := res.Query()
 	events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxRow])

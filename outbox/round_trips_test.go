@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -130,5 +131,45 @@ func BenchmarkRelayRound(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A round whose mark fails in PostgreSQL (a trigger refuses it here) rolls
+// back on its own connection: nothing is marked, no connection is left in a
+// transaction (holding the claimed rows' locks), the lease and its
+// partitions stay, and the next round republishes and marks the rows.
+func TestARelayRoundWhoseMarkFailsRollsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, js, _ := newPipeline(t, stream.Settings{})
+	relay := newRelay(t, db, js, outbox.Config{Workers: 1})
+	if _, err := relay.RelayBatch(ctx); err != nil { // the lease
+		t.Fatal(err)
+	}
+	owned := relay.Stats().Partitions
+	createOrders(t, db, 2, "mark-fails")
+	if _, err := db.Exec(ctx, `
+CREATE FUNCTION refuse_mark() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'mark refused'; END $$;
+CREATE TRIGGER refuse_mark BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION refuse_mark()`); err != nil {
+		t.Fatal(err)
+	}
+	if claimed, err := relay.RelayBatch(ctx); err == nil || claimed != 2 || !strings.Contains(err.Error(), "mark refused") {
+		t.Fatalf("round with a refused mark: claimed %d, err %v; want 2 and the trigger's error", claimed, err)
+	}
+	var inTx int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'`).Scan(&inTx); err != nil {
+		t.Fatal(err)
+	}
+	if st := relay.Stats(); inTx != 0 || st.Published != 0 || st.Partitions != owned {
+		t.Fatalf("after the refused mark: %d connections in a transaction, %+v; want 0, 0 published, %d partitions", inTx, st, owned)
+	}
+	if _, err := db.Exec(ctx, `DROP TRIGGER refuse_mark ON outbox`); err != nil {
+		t.Fatal(err)
+	}
+	if claimed, err := relay.RelayBatch(ctx); err != nil || claimed != 2 {
+		t.Fatalf("next round: claimed %d, err %v; want 2", claimed, err)
+	}
+	if st := relay.Stats(); st.Published != 2 || st.Duplicates != 2 {
+		t.Fatalf("after the next round: %+v; want 2 published, both duplicates of the first publish", st)
 	}
 }

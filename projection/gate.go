@@ -57,33 +57,6 @@ FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bigint[], $6::bigint[])
 ON CONFLICT (projection, event_id) DO NOTHING
 RETURNING event_id`
 
-	// PositionsGateSQL is the one-round-trip batch's check of its premise
-	// that each aggregate's next event is the first of the batch: it locks
-	// the position of every aggregate ($2, sorted, like PositionsLockSQL)
-	// and raises (projection_gate_check, SQLSTATE PJ001) unless each is at
-	// $3, the version before (0: no position yet).
-	PositionsGateSQL = `
-SELECT projection_gate_check(count(*) FILTER (WHERE coalesce(p.version, 0) = w.before) = count(*),
-                             'an event is not next in line for its order')
-FROM unnest($2::uuid[], $3::bigint[]) AS w(aggregate_id, before)
-LEFT JOIN LATERAL (
-    SELECT version FROM projection_positions
-    WHERE projection = $1 AND aggregate_id = w.aggregate_id
-    FOR UPDATE) AS p ON true`
-
-	// InboxAllNewSQL records a batch's events in the inbox and raises
-	// (SQLSTATE PJ001) unless all $7 of them are new: the one-round-trip
-	// batch's other premise.
-	InboxAllNewSQL = `
-WITH recorded AS (
-    INSERT INTO inbox (projection, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
-    SELECT $1, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq
-    FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bigint[], $6::bigint[])
-         AS i(event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
-    ON CONFLICT (projection, event_id) DO NOTHING
-    RETURNING 1)
-SELECT projection_gate_check(count(*) = $7, 'an event is in the inbox already') FROM recorded`
-
 	// Aggregates of the batch with an unresolved dead letter: whether one
 	// is open, and the lowest parked version. Their later events are
 	// parked behind it, not applied.
@@ -113,11 +86,11 @@ SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq
 // commit applies events in one transaction of their own and, after it
 // committed, reports the orders it applied (and their versions) to
 // Config.Applied. The common batch (every event new and next in line)
-// commits in one round trip (commitInOneTrip); any other is applied the
+// commits in two round trips (commitPipelined); any other is applied the
 // careful way (commitTx), which sorts out each event.
 func (r *Runner) commit(ctx context.Context, events []*event) error {
-	if r.commitInOneTrip(ctx, events) {
-		r.oneTrip.Add(1)
+	if r.commitPipelined(ctx, events) {
+		r.pipelined.Add(1)
 	} else if err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error { return r.commitTx(ctx, tx, events) }); err != nil {
 		return err
 	}
@@ -319,29 +292,29 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 	return nil
 }
 
-// gateRefused is the SQLSTATE projection_gate_check raises when a
-// one-round-trip batch's premise does not hold.
-const gateRefused = "PJ001"
-
-// commitInOneTrip applies events as the batch the stream usually brings,
-// every event new and next in line for its order, in ONE round trip: the
-// projection's shared lock, PositionsGateSQL, InboxAllNewSQL, the
-// projection's writes and PositionsAdvanceSQL go as one pipeline, which
-// PostgreSQL runs as one implicit transaction committed at its end. The two
-// checks raise when the premise does not hold (a duplicate, a stale event,
-// a gap), and the whole transaction rolls back. It reports whether the
-// batch committed (each event Applied then); when not, nothing was
-// written, and commit applies the batch the careful way (commitTx), which
-// also reports a malformed event or a failure. The statements and their
-// locks come in the careful way's order (positions by aggregate first), so
-// batches of either way cannot deadlock each other.
-func (r *Runner) commitInOneTrip(ctx context.Context, events []*event) bool {
+// commitPipelined applies events as the batch the stream usually brings,
+// every event new and next in line for its order, in two round trips. The
+// first is one pipeline: BEGIN, the projection's shared lock, the positions
+// (PositionsLockSQL), the inbox rows (InboxInsertSQL), the projection's
+// writes and the positions' advance (PositionsAdvanceSQL), written as if
+// the premise held. Its answers tell whether it did: each position at the
+// version before the batch's first event of its order, every event new in
+// the inbox, and every write's own check passed. The second round trip is
+// COMMIT if so, ROLLBACK if not. It reports whether the batch committed
+// (each event Applied then); when not, nothing was written and commit
+// applies the batch the careful way (commitTx), which also reports a
+// malformed event or a failure. Nothing is raised for a premise that does
+// not hold, so a refused batch costs one rolled-back pipeline and no more
+// (no error in PostgreSQL's log, no prepared statement dropped). The
+// statements and their locks come in the careful way's order (positions by
+// aggregate first), so batches of either way cannot deadlock each other.
+func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 	name := r.proj.Name()
 	var live []*event
 	var envs []domain.Envelope
-	var gateAggs []uuid.UUID
-	var before []int64
-	for _, e := range events { // in (aggregate, version) order
+	var aggregates []uuid.UUID
+	before := map[uuid.UUID]int64{} // each order's position the batch needs
+	for _, e := range events {      // in (aggregate, version) order
 		if e.undecodable {
 			continue
 		}
@@ -352,7 +325,8 @@ func (r *Runner) commitInOneTrip(ctx context.Context, events []*event) bool {
 				return false
 			}
 		} else {
-			gateAggs, before = append(gateAggs, e.env.AggregateID), append(before, e.env.AggregateVersion-1)
+			aggregates = append(aggregates, e.env.AggregateID)
+			before[e.env.AggregateID] = e.env.AggregateVersion - 1
 		}
 		live, envs = append(live, e), append(envs, e.env)
 	}
@@ -375,18 +349,54 @@ func (r *Runner) commitInOneTrip(ctx context.Context, events []*event) bool {
 		lastTenants, lastAggs, lastVersions = append(lastTenants, e.env.TenantID), append(lastAggs, e.env.AggregateID), append(lastVersions, e.env.AggregateVersion)
 	}
 
+	premise := true
 	b := &pgx.Batch{}
+	b.Queue("BEGIN")
 	b.Queue(SharedLockSQL, AdvisoryClass, name)
-	b.Queue(PositionsGateSQL, name, gateAggs, before)
-	b.Queue(InboxAllNewSQL, name, ids, tenants, aggs, versions, seqs, n)
+	b.Queue(PositionsLockSQL, name, aggregates).Query(func(rows pgx.Rows) error {
+		var id uuid.UUID
+		var version int64
+		_, err := pgx.ForEachRow(rows, []any{&id, &version}, func() error {
+			premise = premise && version == before[id]
+			delete(before, id) // left: the orders without a position
+			return nil
+		})
+		return err
+	})
+	b.Queue(InboxInsertSQL, name, ids, tenants, aggs, versions, seqs).Query(func(rows pgx.Rows) error {
+		recorded := 0
+		_, err := pgx.ForEachRow(rows, []any{new(uuid.UUID)}, func() error { recorded++; return nil })
+		premise = premise && recorded == n
+		return err
+	})
 	if err := r.proj.Queue(b, envs); err != nil {
 		return false // the careful way reports it
 	}
 	b.Queue(PositionsAdvanceSQL, name, lastTenants, lastAggs, lastVersions)
-	if err := r.db.SendBatch(ctx, b).Close(); err != nil {
-		if !postgres.HasCode(err, gateRefused) {
-			r.logger.DebugContext(ctx, "one-round-trip batch failed; applying it the careful way", "events", n, "err", err)
+
+	conn, err := r.db.Acquire(ctx)
+	if err != nil {
+		return false
+	}
+	defer conn.Release() // a connection left in a transaction is closed, not pooled
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		r.logger.DebugContext(ctx, "pipelined batch failed; applying it the careful way", "events", n, "err", err)
+		premise = false
+	}
+	for _, v := range before { // an order without a position needs its first event
+		premise = premise && v == 0
+	}
+	if !premise {
+		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+			_ = conn.Conn().Close(ctx)
 		}
+		return false
+	}
+	if tag, err := conn.Exec(ctx, "COMMIT"); err != nil || tag.String() != "COMMIT" {
+		// Committed or not, the careful way finds out: what committed is
+		// in the inbox and comes out a duplicate. (A transaction that had
+		// failed answers COMMIT with ROLLBACK.)
+		r.logger.DebugContext(ctx, "commit of a pipelined batch failed; applying it the careful way", "events", n, "tag", tag.String(), "err", err)
 		return false
 	}
 	for _, e := range live {

@@ -75,9 +75,13 @@ type Projection interface {
 	Tables() []string
 	// Queue queues into b the statements that apply events to the read
 	// model; the runner sends them in one round trip with its own
-	// bookkeeping, in the batch's transaction. The runner has already made
-	// sure that each event is new (inbox) and next in line for its aggregate
-	// (positions), and passes an aggregate's events in version order. Queue
+	// bookkeeping, in the batch's transaction. Each event is new (inbox)
+	// and next in line for its aggregate (positions) in any transaction
+	// that commits: the runner checks that before it sends them (the
+	// careful way), or in the same pipeline, and then rolls back if not
+	// (the pipelined way). A statement's own check (a callback returning an
+	// error) rolls the batch back either way. Events come with an
+	// aggregate's events in version order. Queue
 	// must decode every event first, returning an error that wraps
 	// domain.ErrMalformedEvent if one is unusable (nothing is sent then),
 	// and must ignore event types it does not know.

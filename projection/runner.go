@@ -208,7 +208,7 @@ type Runner struct {
 	checkpoint atomic.Uint64              // highest stream sequence committed (checkpointLoop writes it)
 	deferred   atomic.Int64               // delayed events parked past their tenant's share
 	lingers    atomic.Int64               // batches that lingered (BatchWait)
-	oneTrip    atomic.Int64               // transactions committed in one round trip (commitInOneTrip)
+	pipelined  atomic.Int64               // batches committed in two round trips (commitPipelined)
 	window     *delayedWindow
 	obs        Observers
 }
@@ -241,9 +241,9 @@ type Stats struct {
 	Deferred int64
 	// Lingers counts batches that waited BatchWait for more events.
 	Lingers int64
-	// OneTrip counts batches committed in one round trip, every event new
-	// and next in line; the others were applied the careful way.
-	OneTrip int64
+	// Pipelined counts batches committed in two round trips, every event
+	// new and next in line; the others were applied the careful way.
+	Pipelined int64
 }
 
 // Stats returns the runner's counters.
@@ -258,7 +258,7 @@ func (r *Runner) Stats() Stats {
 		DeadLettered: r.stats[DeadLettered].Load(),
 		Deferred:     r.deferred.Load(),
 		Lingers:      r.lingers.Load(),
-		OneTrip:      r.oneTrip.Load(),
+		Pipelined:    r.pipelined.Load(),
 	}
 }
 

@@ -381,7 +381,7 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner 
 		perRunner("projection_duplicates_skipped_total", "redelivered or copied events skipped by the inbox", true, func(s projection.Stats) int64 { return s.Duplicates }),
 		perRunner("projection_stale_skipped_total", "events the projection was already past", true, func(s projection.Stats) int64 { return s.Stale }),
 		perRunner("projection_gaps_waited_total", "events that arrived before their predecessor and were redelivered later", true, func(s projection.Stats) int64 { return s.Gaps }),
-		perRunner("projection_one_trip_batches_total", "batches committed in one round trip (every event new and next in line); the others took the careful way", true, func(s projection.Stats) int64 { return s.OneTrip }),
+		perRunner("projection_pipelined_batches_total", "batches committed in two round trips (every event new and next in line); the others took the careful way", true, func(s projection.Stats) int64 { return s.Pipelined }),
 		perRunner("projection_parked_total", "events parked behind a dead letter", true, func(s projection.Stats) int64 { return s.Parked }),
 		perRunner("projection_deferred_total", "delayed events parked past their tenant's share of the in-flight window, re-driven later", true, func(s projection.Stats) int64 { return s.Deferred }),
 		perRunner("projection_dead_lettered_total", "events dead-lettered (malformed included)", true, func(s projection.Stats) int64 { return s.DeadLettered + s.Malformed }),

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -30,9 +31,9 @@ func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-// oneTripFixture is a runner of proj on a fresh database whose round trips
+// pipelinedFixture is a runner of proj on a fresh database whose round trips
 // are counted.
-func oneTripFixture(t *testing.T, proj Projection) (fixture, *roundTrips) {
+func pipelinedFixture(t *testing.T, proj Projection) (fixture, *roundTrips) {
 	t.Helper()
 	trips := &roundTrips{}
 	f := fixture{db: tracedDB(t, trips)}
@@ -51,16 +52,16 @@ func events(envs []domain.Envelope, seq uint64) []*event {
 }
 
 // The batch the stream usually brings, every event new and next in line
-// (an order's three events and another order's first), commits in one
-// round trip in every projection, with the same effect as the careful way.
-func TestABatchOfNewEventsCommitsInOneRoundTrip(t *testing.T) {
+// (an order's three events and another order's first), commits in two
+// round trips in every projection, with the same effect as the careful way.
+func TestABatchOfNewEventsCommitsInTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	for _, proj := range []Projection{OrderViews{}, CustomerSummaries{}, DailySales{}} {
 		t.Run(proj.Name(), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			f, trips := oneTripFixture(t, proj)
-			life := lifecycleEvents(t, "c-one-trip")
+			f, trips := pipelinedFixture(t, proj)
+			life := lifecycleEvents(t, "c-pipelined")
 			other := createdEvent(t, uuid.Must(uuid.NewV7()))
 			batch := events(append(life, other), 1)
 
@@ -68,16 +69,16 @@ func TestABatchOfNewEventsCommitsInOneRoundTrip(t *testing.T) {
 			if err := f.runner.commit(ctx, batch); err != nil {
 				t.Fatal(err)
 			}
-			if got := trips.n.Load() - before; got != 1 {
-				t.Errorf("round trips = %d; want 1", got)
+			if got := trips.n.Load() - before; got != 2 {
+				t.Errorf("round trips = %d; want 2", got)
 			}
 			for _, e := range batch {
 				if e.outcome != Applied {
 					t.Errorf("event v%d of %s: %v; want applied", e.env.AggregateVersion, e.env.AggregateID, e.outcome)
 				}
 			}
-			if s := f.runner.Stats(); s.OneTrip != 1 {
-				t.Errorf("OneTrip = %d; want 1", s.OneTrip)
+			if s := f.runner.Stats(); s.Pipelined != 1 {
+				t.Errorf("Pipelined = %d; want 1", s.Pipelined)
 			}
 			if n := f.count(t, `SELECT count(*) FROM inbox WHERE projection = $1`, proj.Name()); n != 4 {
 				t.Errorf("inbox rows = %d; want 4", n)
@@ -93,7 +94,7 @@ func TestABatchOfNewEventsCommitsInOneRoundTrip(t *testing.T) {
 				}
 			}
 			if proj.Name() == "customer_summaries" {
-				if n := f.count(t, `SELECT orders_shipped FROM customer_summaries WHERE customer_id = 'c-one-trip'`); n != 1 {
+				if n := f.count(t, `SELECT orders_shipped FROM customer_summaries WHERE customer_id = 'c-pipelined'`); n != 1 {
 					t.Errorf("orders shipped = %d; want 1", n)
 				}
 			}
@@ -102,10 +103,10 @@ func TestABatchOfNewEventsCommitsInOneRoundTrip(t *testing.T) {
 }
 
 // A batch off the premise (an event seen before, a missing predecessor, a
-// hole inside the batch) writes nothing in its one round trip: the
-// pipeline's implicit transaction rolls back whole, and the careful way
-// sorts each event out exactly as it always did. Customer summaries count,
-// so an event applied twice would show.
+// hole inside the batch) writes nothing in its pipeline, which is rolled
+// back whole, and the careful way sorts each event out exactly as it
+// always did. Customer summaries count, so an event applied twice would
+// show.
 func TestABatchOffItsPremiseIsAppliedTheCarefulWay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -138,11 +139,11 @@ VALUES ('customer_summaries', $1, 't1', $2, 1, 1)`, life[0].ID, life[0].Aggregat
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			f, trips := oneTripFixture(t, CustomerSummaries{})
+			f, trips := pipelinedFixture(t, CustomerSummaries{})
 			if c.setup != nil {
 				c.setup(t, f)
 			}
-			oneTrip := f.runner.Stats().OneTrip
+			pipelined := f.runner.Stats().Pipelined
 			before := trips.n.Load()
 			batch := events(c.batch, 10)
 			if err := f.runner.commit(ctx, batch); err != nil {
@@ -151,8 +152,8 @@ VALUES ('customer_summaries', $1, 't1', $2, 1, 1)`, life[0].ID, life[0].Aggregat
 			if got := trips.n.Load() - before; got < 3 {
 				t.Errorf("round trips = %d; want the careful way's (BEGIN, …, COMMIT)", got)
 			}
-			if got := f.runner.Stats().OneTrip; got != oneTrip {
-				t.Errorf("OneTrip went %d → %d; want unchanged", oneTrip, got)
+			if got := f.runner.Stats().Pipelined; got != pipelined {
+				t.Errorf("Pipelined went %d → %d; want unchanged", pipelined, got)
 			}
 			for i, e := range batch {
 				if e.outcome != c.want[i] {
@@ -186,5 +187,62 @@ func mustCommit(t *testing.T, f fixture, batch []*event) {
 	t.Helper()
 	if err := f.runner.commit(context.Background(), batch); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A write's own check refuses the pipelined batch before its COMMIT, as it
+// refuses the careful one: an order.paid whose order has no view (v1
+// discarded from dead letters, say) is an error, and nothing is written,
+// neither the inbox row nor the position. (Sent as one implicit
+// transaction, the batch had committed before the check ran, and the
+// careful way then took the event for a duplicate: it was lost.)
+func TestAWriteThatFailsItsCheckWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f, _ := pipelinedFixture(t, OrderViews{})
+	life := lifecycleEvents(t, "c-no-view")
+	mustCommit(t, f, events(life[:1], 1))
+	if _, err := f.db.Exec(ctx, `DELETE FROM order_views WHERE order_id = $1`, life[0].AggregateID); err != nil {
+		t.Fatal(err)
+	}
+	batch := events(life[1:2], 2)
+	if err := f.runner.commit(ctx, batch); err == nil {
+		t.Fatalf("order.paid of an order without a view: no error (outcome %v); want one", batch[0].outcome)
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox WHERE event_id = $1`, life[1].ID); n != 0 {
+		t.Errorf("inbox rows of the refused event = %d; want 0", n)
+	}
+	if n := f.count(t, `SELECT version FROM projection_positions WHERE aggregate_id = $1`, life[0].AggregateID); n != 1 {
+		t.Errorf("position = %d; want 1", n)
+	}
+	if s := f.runner.Stats(); s.Pipelined != 1 {
+		t.Errorf("Pipelined = %d; want 1 (v1 only)", s.Pipelined)
+	}
+}
+
+// A statement that fails in PostgreSQL after the projection's writes (here
+// the positions' advance, made to fail by a trigger) rolls the pipeline
+// back whole: no inbox row, no view, no position; the careful way then
+// reports the failure.
+func TestAPipelineThatFailsLateWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f, _ := pipelinedFixture(t, OrderViews{})
+	if _, err := f.db.Exec(ctx, `
+CREATE FUNCTION refuse_positions() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'positions refused'; END $$;
+CREATE TRIGGER refuse_positions BEFORE INSERT OR UPDATE ON projection_positions FOR EACH ROW EXECUTE FUNCTION refuse_positions()`); err != nil {
+		t.Fatal(err)
+	}
+	e := createdEvent(t, uuid.Must(uuid.NewV7()))
+	if err := f.runner.commit(ctx, events([]domain.Envelope{e}, 1)); err == nil || !strings.Contains(err.Error(), "positions refused") {
+		t.Fatalf("commit: %v; want the trigger's error", err)
+	}
+	for _, q := range []string{`SELECT count(*) FROM inbox`, `SELECT count(*) FROM order_views`, `SELECT count(*) FROM projection_positions`} {
+		if n := f.count(t, q); n != 0 {
+			t.Errorf("%s = %d; want 0", q, n)
+		}
+	}
+	if n := f.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'`); n != 0 {
+		t.Errorf("%d connections left in a transaction; want 0", n)
 	}
 }

@@ -304,10 +304,12 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 // (each event Applied then); when not, nothing was written and commit
 // applies the batch the careful way (commitTx), which also reports a
 // malformed event or a failure. Nothing is raised for a premise that does
-// not hold, so a refused batch costs one rolled-back pipeline and no more
-// (no error in PostgreSQL's log, no prepared statement dropped). The
-// statements and their locks come in the careful way's order (positions by
-// aggregate first), so batches of either way cannot deadlock each other.
+// not hold, and a write's failed check is kept out of the batch's error, so
+// a refusal logs no error in PostgreSQL and drops no prepared statement;
+// it costs the pipeline's writes, rolled back (their WAL, their row locks
+// until the ROLLBACK), then the careful way. The statements and their
+// locks come in the careful way's order (positions by aggregate first), so
+// batches of either way cannot deadlock each other.
 func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 	name := r.proj.Name()
 	var live []*event
@@ -369,8 +371,23 @@ func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 		premise = premise && recorded == n
 		return err
 	})
+	writes := len(b.QueuedQueries)
 	if err := r.proj.Queue(b, envs); err != nil {
 		return false // the careful way reports it
+	}
+	// A write's own check that fails refuses the batch like a premise
+	// that does not hold, without an error out of the batch: pgx drops the
+	// prepared statements of a batch that returns one. (A server error
+	// still ends the batch: pgx keeps it apart from the callbacks'.)
+	for _, qq := range b.QueuedQueries[writes:] {
+		if check := qq.Fn; check != nil {
+			qq.Fn = func(br pgx.BatchResults) error {
+				if err := check(br); err != nil {
+					premise = false
+				}
+				return nil
+			}
+		}
 	}
 	b.Queue(PositionsAdvanceSQL, name, lastTenants, lastAggs, lastVersions)
 

@@ -11,8 +11,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/acme/orders/domain"
+	"github.com/acme/orders/internal/testenv"
 )
 
 // roundTrips counts what a pool sends: each statement outside a batch
@@ -133,6 +135,8 @@ VALUES ('customer_summaries', $1, 't1', $2, 1, 1)`, life[0].ID, life[0].Aggregat
 		{name: "a missing predecessor",
 			setup: func(t *testing.T, f fixture) { mustCommit(t, f, events(life[:1], 1)) },
 			batch: life[2:], want: []Outcome{Gap}, position: 1, inbox: 1},
+		{name: "an order's v2 with no position",
+			batch: life[1:2], want: []Outcome{Gap}, position: 0, inbox: 0},
 		{name: "a hole inside the batch",
 			batch: []domain.Envelope{life[0], life[2]}, want: []Outcome{Applied, Gap}, position: 1, inbox: 1},
 	}
@@ -244,5 +248,57 @@ CREATE TRIGGER refuse_positions BEFORE INSERT OR UPDATE ON projection_positions 
 	}
 	if n := f.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'`); n != 0 {
 		t.Errorf("%d connections left in a transaction; want 0", n)
+	}
+}
+
+// A refused batch leaves its connection as it was: rolled back (not closed:
+// the pool opens no new connection) and with its prepared statements (pgx
+// drops those of a batch that returns an error, so neither a premise that
+// fails nor a write's failed check may surface as one). An order_views
+// batch holding an order's v2 alone is the case: no position (v1 is still
+// in flight elsewhere), and its view update finds no row.
+func TestARefusedBatchKeepsItsConnectionAndStatements(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	f := fixture{db: db, runner: mustRunner(t, db, nil, OrderViews{}, slog.New(slog.NewTextHandler(io.Discard, nil)), Config{})}
+
+	warm := lifecycleEvents(t, "c-warm") // prepares every statement of both ways
+	mustCommit(t, f, events(warm[:1], 1))
+	mustCommit(t, f, events(warm[1:2], 2))
+	prepared := func() int {
+		var n int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	statements, conns := prepared(), db.Stat().NewConnsCount()
+
+	life := lifecycleEvents(t, "c-refused")
+	batch := events(life[1:2], 3) // v2, with no v1 applied
+	if err := f.runner.commit(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	if batch[0].outcome != Gap {
+		t.Fatalf("v2 without v1: %v; want gap", batch[0].outcome)
+	}
+	if got := prepared(); got < statements {
+		t.Errorf("prepared statements %d → %d; want none dropped", statements, got)
+	}
+	if got := db.Stat().NewConnsCount(); got != conns {
+		t.Errorf("connections opened %d → %d; want the same connection, rolled back", conns, got)
+	}
+	if s := f.runner.Stats(); s.Pipelined != 2 {
+		t.Errorf("Pipelined = %d; want 2 (the warm-up's)", s.Pipelined)
 	}
 }

@@ -79,8 +79,10 @@ type Projection interface {
 	// and next in line for its aggregate (positions) in any transaction
 	// that commits: the runner checks that before it sends them (the
 	// careful way), or in the same pipeline, and then rolls back if not
-	// (the pipelined way). A statement's own check (a callback returning an
-	// error) rolls the batch back either way. Events come with an
+	// (the pipelined way; its statements and their callbacks run even when
+	// the batch is then rolled back). A statement's own check (a callback
+	// returning an error) rolls the batch back either way, and the careful
+	// way reports its error. Events come with an
 	// aggregate's events in version order. Queue
 	// must decode every event first, returning an error that wraps
 	// domain.ErrMalformedEvent if one is unusable (nothing is sent then),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,22 +13,6 @@ import (
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/internal/testenv"
 )
-
-// roundTrips counts what a pool sends: each statement outside a batch
-// (BEGIN and COMMIT among them) and each batch, one round trip apiece.
-type roundTrips struct{ n atomic.Int64 }
-
-func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // tunedPool opens a pool of its own on a fresh test database, configured
 // by tune, and closes it when the test ends.
@@ -76,7 +59,7 @@ func creates(idem *command.Idempotency, wait time.Duration) func(key, customer s
 func TestCreateClaimsItsKeyAndWritesTheOrderInOneStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	trips := &roundTrips{}
+	trips := &testenv.RoundTrips{}
 	db := tunedPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = trips })
 	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour})
 	run := creates(idem, time.Second)
@@ -84,12 +67,12 @@ func TestCreateClaimsItsKeyAndWritesTheOrderInOneStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	before := trips.n.Load()
+	before := trips.Count()
 	first, err := run("k1", "c-1")
 	if err != nil || first.Status != http.StatusCreated || first.Replayed || first.ExpiresAt.IsZero() {
 		t.Fatalf("create: %+v %v; want a fresh 201 with its key's expiry", first, err)
 	}
-	if n := trips.n.Load() - before; n != 1 {
+	if n := trips.Count() - before; n != 1 {
 		t.Errorf("a create took %d round trips, want 1 (the claim with the order, committed by its Sync)", n)
 	}
 	var status int

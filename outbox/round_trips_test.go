@@ -6,32 +6,14 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/acme/orders/internal/testenv"
 	"github.com/acme/orders/outbox"
 	"github.com/acme/orders/stream"
 )
-
-// roundTrips counts what a pool's connections send: each statement outside
-// a batch and each batch, one round trip apiece.
-type roundTrips struct{ n atomic.Int64 }
-
-func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // A relay round is one transaction in two round trips, its BEGIN sent with
 // the claim and its COMMIT with the mark; an empty round takes two as well.
@@ -40,7 +22,7 @@ func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 func TestARelayRoundTakesTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	trips := &roundTrips{}
+	trips := &testenv.RoundTrips{}
 	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -57,9 +39,9 @@ func TestARelayRoundTakesTwoRoundTrips(t *testing.T) {
 	}
 	relay := newRelay(t, db, js, outbox.Config{Workers: 1})
 	relayRound := func() (int, int64, error) {
-		before := trips.n.Load()
+		before := trips.Count()
 		claimed, err := relay.RelayBatch(ctx)
-		return claimed, trips.n.Load() - before, err
+		return claimed, trips.Count() - before, err
 	}
 
 	// The first round sets up the lease (its settings, its partitions).

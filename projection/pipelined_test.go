@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
@@ -17,27 +16,11 @@ import (
 	"github.com/acme/orders/internal/testenv"
 )
 
-// roundTrips counts what a pool sends: each statement outside a batch
-// (BEGIN and COMMIT among them) and each batch, one round trip apiece.
-type roundTrips struct{ n atomic.Int64 }
-
-func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // pipelinedFixture is a runner of proj on a fresh database whose round trips
 // are counted.
-func pipelinedFixture(t *testing.T, proj Projection) (fixture, *roundTrips) {
+func pipelinedFixture(t *testing.T, proj Projection) (fixture, *testenv.RoundTrips) {
 	t.Helper()
-	trips := &roundTrips{}
+	trips := &testenv.RoundTrips{}
 	f := fixture{db: tracedDB(t, trips)}
 	f.runner = mustRunner(t, f.db, nil, proj, slog.New(slog.NewTextHandler(io.Discard, nil)), Config{})
 	return f, trips
@@ -67,11 +50,11 @@ func TestABatchOfNewEventsCommitsInTwoRoundTrips(t *testing.T) {
 			other := createdEvent(t, uuid.Must(uuid.NewV7()))
 			batch := events(append(life, other), 1)
 
-			before := trips.n.Load()
+			before := trips.Count()
 			if err := f.runner.commit(ctx, batch); err != nil {
 				t.Fatal(err)
 			}
-			if got := trips.n.Load() - before; got != 2 {
+			if got := trips.Count() - before; got != 2 {
 				t.Errorf("round trips = %d; want 2", got)
 			}
 			for _, e := range batch {
@@ -148,12 +131,12 @@ VALUES ('customer_summaries', $1, 't1', $2, 1, 1)`, life[0].ID, life[0].Aggregat
 				c.setup(t, f)
 			}
 			pipelined := f.runner.Stats().Pipelined
-			before := trips.n.Load()
+			before := trips.Count()
 			batch := events(c.batch, 10)
 			if err := f.runner.commit(ctx, batch); err != nil {
 				t.Fatal(err)
 			}
-			if got := trips.n.Load() - before; got < 3 {
+			if got := trips.Count() - before; got < 3 {
 				t.Errorf("round trips = %d; want the careful way's (BEGIN, …, COMMIT)", got)
 			}
 			if got := f.runner.Stats().Pipelined; got != pipelined {

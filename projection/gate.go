@@ -249,47 +249,70 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 		return nil
 	}
 
-	n := len(recorded)
-	ids, tenants, aggs := make([]uuid.UUID, n), make([]string, n), make([]uuid.UUID, n)
-	versions, seqs := make([]int64, n), make([]int64, n)
-	for i, e := range recorded {
-		ids[i], tenants[i], aggs[i] = e.env.ID, e.env.TenantID, e.env.AggregateID
-		versions[i], seqs[i] = e.env.AggregateVersion, int64(e.seq)
-	}
-	isNew, err := idSet(tx.Query(ctx, InboxInsertSQL, name, ids, tenants, aggs, versions, seqs))
+	isNew, err := idSet(tx.Query(ctx, InboxInsertSQL, inboxArgs(name, recorded)...))
 	if err != nil {
 		return fmt.Errorf("insert inbox rows: %w", err)
 	}
 
-	var apply []domain.Envelope
-	tenants, aggs, versions = tenants[:0], aggs[:0], versions[:0]
+	var applied []*event
 	for _, e := range recorded {
-		if !isNew[e.env.ID] {
+		switch {
+		case !isNew[e.env.ID]:
 			e.outcome = Duplicate
-			continue
-		}
-		if e.outcome == Applied {
-			apply = append(apply, e.env)
-			if n := len(aggs); n > 0 && aggs[n-1] == e.env.AggregateID {
-				versions[n-1] = e.env.AggregateVersion // one row per aggregate: its last version
-				continue
-			}
-			tenants, aggs, versions = append(tenants, e.env.TenantID), append(aggs, e.env.AggregateID), append(versions, e.env.AggregateVersion)
+		case e.outcome == Applied:
+			applied = append(applied, e)
 		}
 	}
-	if len(apply) == 0 {
+	if len(applied) == 0 {
 		return nil
 	}
 	// The projection's writes and the positions, in one round trip.
 	b := &pgx.Batch{}
-	if err := r.proj.Queue(b, apply); err != nil {
-		return fmt.Errorf("apply %d events: %w", len(apply), err)
+	if err := r.proj.Queue(b, envelopes(applied)); err != nil {
+		return fmt.Errorf("apply %d events: %w", len(applied), err)
 	}
-	b.Queue(PositionsAdvanceSQL, name, tenants, aggs, versions)
+	b.Queue(PositionsAdvanceSQL, advanceArgs(name, applied)...)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("apply %d events: %w", len(apply), err)
+		return fmt.Errorf("apply %d events: %w", len(applied), err)
 	}
 	return nil
+}
+
+// inboxArgs are InboxInsertSQL's arguments for events.
+func inboxArgs(projection string, events []*event) []any {
+	n := len(events)
+	ids, tenants, aggs := make([]uuid.UUID, n), make([]string, n), make([]uuid.UUID, n)
+	versions, seqs := make([]int64, n), make([]int64, n)
+	for i, e := range events {
+		ids[i], tenants[i], aggs[i] = e.env.ID, e.env.TenantID, e.env.AggregateID
+		versions[i], seqs[i] = e.env.AggregateVersion, int64(e.seq)
+	}
+	return []any{projection, ids, tenants, aggs, versions, seqs}
+}
+
+// advanceArgs are PositionsAdvanceSQL's arguments for events, sorted by
+// aggregate: one row per aggregate, at its last version.
+func advanceArgs(projection string, events []*event) []any {
+	var tenants []string
+	var aggs []uuid.UUID
+	var versions []int64
+	for _, e := range events {
+		if n := len(aggs); n > 0 && aggs[n-1] == e.env.AggregateID {
+			versions[n-1] = e.env.AggregateVersion
+			continue
+		}
+		tenants, aggs, versions = append(tenants, e.env.TenantID), append(aggs, e.env.AggregateID), append(versions, e.env.AggregateVersion)
+	}
+	return []any{projection, tenants, aggs, versions}
+}
+
+// envelopes are the envelopes of events.
+func envelopes(events []*event) []domain.Envelope {
+	envs := make([]domain.Envelope, len(events))
+	for i, e := range events {
+		envs[i] = e.env
+	}
+	return envs
 }
 
 // commitPipelined applies events as the batch the stream usually brings,
@@ -313,7 +336,6 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 	name := r.proj.Name()
 	var live []*event
-	var envs []domain.Envelope
 	var aggregates []uuid.UUID
 	before := map[uuid.UUID]int64{} // each order's position the batch needs
 	for _, e := range events {      // in (aggregate, version) order
@@ -330,26 +352,12 @@ func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 			aggregates = append(aggregates, e.env.AggregateID)
 			before[e.env.AggregateID] = e.env.AggregateVersion - 1
 		}
-		live, envs = append(live, e), append(envs, e.env)
+		live = append(live, e)
 	}
 	if len(live) == 0 {
 		return false
 	}
 	n := len(live)
-	ids, tenants, aggs := make([]uuid.UUID, n), make([]string, n), make([]uuid.UUID, n)
-	versions, seqs := make([]int64, n), make([]int64, n)
-	var lastTenants []string
-	var lastAggs []uuid.UUID
-	var lastVersions []int64
-	for i, e := range live {
-		ids[i], tenants[i], aggs[i] = e.env.ID, e.env.TenantID, e.env.AggregateID
-		versions[i], seqs[i] = e.env.AggregateVersion, int64(e.seq)
-		if k := len(lastAggs); k > 0 && lastAggs[k-1] == e.env.AggregateID {
-			lastVersions[k-1] = e.env.AggregateVersion
-			continue
-		}
-		lastTenants, lastAggs, lastVersions = append(lastTenants, e.env.TenantID), append(lastAggs, e.env.AggregateID), append(lastVersions, e.env.AggregateVersion)
-	}
 
 	premise := true
 	b := &pgx.Batch{}
@@ -365,14 +373,14 @@ func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 		})
 		return err
 	})
-	b.Queue(InboxInsertSQL, name, ids, tenants, aggs, versions, seqs).Query(func(rows pgx.Rows) error {
+	b.Queue(InboxInsertSQL, inboxArgs(name, live)...).Query(func(rows pgx.Rows) error {
 		recorded := 0
 		_, err := pgx.ForEachRow(rows, []any{new(uuid.UUID)}, func() error { recorded++; return nil })
 		premise = premise && recorded == n
 		return err
 	})
 	writes := len(b.QueuedQueries)
-	if err := r.proj.Queue(b, envs); err != nil {
+	if err := r.proj.Queue(b, envelopes(live)); err != nil {
 		return false // the careful way reports it
 	}
 	// A write's own check that fails refuses the batch like a premise
@@ -389,7 +397,7 @@ func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 			}
 		}
 	}
-	b.Queue(PositionsAdvanceSQL, name, lastTenants, lastAggs, lastVersions)
+	b.Queue(PositionsAdvanceSQL, advanceArgs(name, live)...)
 
 	conn, err := r.db.Acquire(ctx)
 	if err != nil {

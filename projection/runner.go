@@ -316,10 +316,10 @@ func (r *Runner) Run(ctx context.Context) error {
 			_ = m.Nak()
 		}
 	},
-		jetstream.PullMaxMessages(r.cfg.BatchSize*r.cfg.Workers),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			r.logger.WarnContext(ctx, "consume", "err", err)
-		}))
+		stream.ConsumeOptions(jetstream.PullMaxMessages(r.cfg.BatchSize*r.cfg.Workers),
+			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				r.logger.WarnContext(ctx, "consume", "err", err)
+			}))...)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", r.proj.Name(), err)
 	}

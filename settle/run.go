@@ -96,10 +96,10 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 			_ = m.Nak()
 		}
 	},
-		jetstream.PullMaxMessages(w.cfg.Concurrency),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			w.logger.WarnContext(ctx, "consume", "consumer", name, "err", err)
-		}))
+		stream.ConsumeOptions(jetstream.PullMaxMessages(w.cfg.Concurrency),
+			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				w.logger.WarnContext(ctx, "consume", "consumer", name, "err", err)
+			}))...)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", name, err)
 	}

@@ -149,3 +149,22 @@ func olderThanAtomic(version string) bool {
 	}
 	return major < 2 || major == 2 && minor < 12
 }
+
+// A pull request lives PullExpiry, and the server sends an idle heartbeat
+// on it every PullHeartbeat. The client's Consume notices a pull request
+// the server no longer serves after two missed heartbeats and sends a new
+// one. With nats.go's defaults (30 s and 15 s) a pull the server lost
+// stalled a consumer with a backlog for 30 s: once in five drains of
+// `go run ./cmd/bench -only drain`, "nats: no heartbeat received" in the
+// projector's log. A heartbeat a second bounds that stall at two seconds,
+// for one small message a second per idle consumer.
+const (
+	PullExpiry    = 10 * time.Second
+	PullHeartbeat = time.Second
+)
+
+// ConsumeOptions are the pull options every consumer of the stream runs
+// with (the projectors' and the payment workers'), after opts of its own.
+func ConsumeOptions(opts ...jetstream.PullConsumeOpt) []jetstream.PullConsumeOpt {
+	return append(opts, jetstream.PullExpiry(PullExpiry), jetstream.PullHeartbeat(PullHeartbeat))
+}

@@ -24,7 +24,7 @@ func main() {
 	phase := flag.Duration("phase", 10*time.Second, "length of each load measurement")
 	backlog := flag.Int("backlog", 100_000, "events of the drain measurements")
 	dir := flag.String("dir", ".local/bench", "state directory (wiped first; relative to the module's root unless absolute)")
-	only := flag.String("only", "", `"create" (ceilings, create with the pipeline on and api only, lag after a burst), "load" (create, replay, read, end to end, pay), "drain" or "pay" (one create phase for the rate, then pay → paid) to measure only those`)
+	only := flag.String("only", "", `"create" (ceilings, create with the pipeline on and api only, lag after a burst), "load" (create, replay, read, end to end, pay), "drain", "e2e" (one create phase for the rate, then end to end and the sustained rate) or "pay" (one create phase for the rate, then pay → paid) to measure only those`)
 	natsSync := flag.String("nats-sync", "", "nats-server sync_interval (default always, the production setting; e.g. 2m for the NATS default)")
 	payShare := flag.Float64("pay-share", 0.25, "rate of the pay → paid phase, as a share of the maximal create rate (the target is at 0.25)")
 	payRate := flag.Float64("pay-rate", 0, "rate of the pay → paid phase per second, instead of -pay-share (to compare two builds at the same load)")

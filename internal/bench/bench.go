@@ -43,7 +43,8 @@ type Config struct {
 	// Only names the one part to measure: "create" (the ceilings, create at
 	// each clients with the pipeline on and api only, the lag after a
 	// burst), "load" (that, then replay, read, end to end and pay → paid),
-	// "drain" or "pay"; "" for all.
+	// "drain", "e2e" (end to end and the sustained rate) or "pay"; "" for
+	// all.
 	Only     string
 	NATSSync string // the store's sync_interval; "" for always (the production setting)
 	// PayShare is the pay → paid phase's rate as a share of the maximal
@@ -137,6 +138,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	case "create":
 		if _, err := r.creates(ctx); err != nil {
+			return nil, err
+		}
+	case "e2e":
+		// The maximal create rate from one create phase, then end to end
+		// at 25% of it and the climb to the sustained rate.
+		row := r.attack(ctx, "create", slices.Max(cfg.Clients), r.createTargeter())
+		r.add(row)
+		if err := r.settle(ctx); err != nil {
+			return nil, err
+		}
+		if err := r.endToEnd(ctx, row.Rate); err != nil {
 			return nil, err
 		}
 	case "pay":

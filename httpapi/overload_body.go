@@ -3,7 +3,9 @@ package httpapi
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"time"
@@ -36,7 +38,7 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 		rc := http.NewResponseController(w)
 		if err := rc.SetReadDeadline(time.Now().Add(s.BodyTimeout)); err != nil {
 			if !errors.Is(err, http.ErrNotSupported) {
-				writeProblem(w, r, s.Logger, problemFor(err), err)
+				writeProblem(w, r, s.Logger, problemFor(err), connErr(err))
 				return
 			}
 			// A writer without deadlines (a test recorder): no bytes arrive late.
@@ -68,10 +70,19 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 		// The body is in, to its end; the rest of the request may take
 		// its time.
 		if err := rc.SetReadDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			writeProblem(w, r, s.Logger, problemFor(err), err)
+			writeProblem(w, r, s.Logger, problemFor(err), connErr(err))
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(b))
 		next.ServeHTTP(w, r)
 	})
+}
+
+// connErr marks a failure to set a deadline on a connection that is closed
+// already (errConnClosed): its request has nobody to answer.
+func connErr(err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("%w: %w", errConnClosed, err)
+	}
+	return err
 }

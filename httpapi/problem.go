@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,10 +110,36 @@ func (p *Problem) body() []byte {
 	return b
 }
 
-// writeProblem sends p, logging server-side failures with their cause.
+// StatusClientClosedRequest is the status recorded (in the request metrics
+// and the log) for a request whose client was gone before its answer: the
+// answer reaches nobody, and the failure is not the server's (nginx's 499).
+const StatusClientClosedRequest = 499
+
+// errConnClosed marks a request whose connection was closed under it: the
+// connection limit closed it as idle just as the request arrived, or the
+// server is stopping.
+var errConnClosed = errors.New("connection closed")
+
+// clientGone reports whether a request failed because nobody waits for its
+// answer any more: net/http cancelled its context (the client closed the
+// connection), or its connection was closed under it (errConnClosed). A
+// deadline of the server's own is not that.
+func clientGone(r *http.Request, cause error) bool {
+	return errors.Is(cause, errConnClosed) ||
+		(errors.Is(cause, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled))
+}
+
+// writeProblem sends p, logging server-side failures with their cause. A
+// failure because the client is gone is not one: it is recorded as 499 and
+// logged at info, with no answer written.
 func writeProblem(w http.ResponseWriter, r *http.Request, logger *slog.Logger, p *Problem, cause error) {
 	p.Instance = r.URL.Path
 	p.RequestID = requestID(r.Context())
+	if p.Status >= 500 && clientGone(r, cause) {
+		logger.InfoContext(r.Context(), "client closed request", "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)
+		w.WriteHeader(StatusClientClosedRequest)
+		return
+	}
 	if p.Status >= 500 {
 		logger.ErrorContext(r.Context(), "request failed", "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)
 	}

@@ -36,6 +36,12 @@ type limitedAPI struct {
 
 func newLimitedAPI(t *testing.T, cfg httpapi.TenantLimitConfig, global int, bodyTimeout time.Duration) limitedAPI {
 	t.Helper()
+	return newLimitedAPILogging(t, cfg, global, bodyTimeout, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// newLimitedAPILogging is newLimitedAPI logging to logger.
+func newLimitedAPILogging(t *testing.T, cfg httpapi.TenantLimitConfig, global int, bodyTimeout time.Duration, logger *slog.Logger) limitedAPI {
+	t.Helper()
 	db := testenv.DB(t)
 	idem, err := command.NewIdempotency(db, command.IdempotencyConfig{TTL: time.Hour})
 	if err != nil {
@@ -51,7 +57,7 @@ func newLimitedAPI(t *testing.T, cfg httpapi.TenantLimitConfig, global int, body
 		inFlight = httpapi.NewInFlightLimit(global)
 	}
 	srv := httptest.NewServer(validated(t, httpapi.New(httpapi.Deps{
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Auth: clients,
+		Logger: logger, Auth: clients,
 		Idempotency: idem, Keys: idem, CreateOrder: command.NewCreateOrderHandler(),
 		GetOrder:   query.NewGetOrderHandler(db, query.NewChanges()),
 		ListOrders: query.NewListOrdersHandler(db),

@@ -111,37 +111,44 @@ func (p *Problem) body() []byte {
 }
 
 // StatusClientClosedRequest is the status recorded (in the request metrics
-// and the log) for a request whose client was gone before its answer: the
-// answer reaches nobody, and the failure is not the server's (nginx's 499).
+// and the log) for a request whose answer nobody waits for any more: its
+// client hung up, or its connection was closed under it (nginx's 499).
 const StatusClientClosedRequest = 499
 
 // errConnClosed marks a request whose connection was closed under it: the
-// connection limit closed it as idle just as the request arrived, or the
-// server is stopping.
-var errConnClosed = errors.New("connection closed")
+// server is stopping, or (rarely, see internal/app's connLimit) the
+// connection limit closed it for a new one as the request arrived.
+var errConnClosed = errors.New("connection closed under the request")
 
-// clientGone reports whether a request failed because nobody waits for its
-// answer any more: net/http cancelled its context (the client closed the
+// gone says why a request failed for want of anyone to answer, or "" if it
+// did not: net/http cancelled its context (its client closed the
 // connection), or its connection was closed under it (errConnClosed). A
-// deadline of the server's own is not that.
-func clientGone(r *http.Request, cause error) bool {
-	return errors.Is(cause, errConnClosed) ||
-		(errors.Is(cause, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled))
+// deadline of the server's own is neither.
+func gone(r *http.Request, cause error) string {
+	switch {
+	case errors.Is(cause, errConnClosed):
+		return "connection closed under request"
+	case errors.Is(cause, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled):
+		return "client closed request"
+	}
+	return ""
 }
 
 // writeProblem sends p, logging server-side failures with their cause. A
-// failure because the client is gone is not one: it is recorded as 499 and
-// logged at info, with no answer written.
+// failure because nobody waits for the answer is not one: it is recorded as
+// 499 and logged at warn (a server slow enough that clients give up shows
+// there, and in the 499s of the request metrics, not as 5xx).
 func writeProblem(w http.ResponseWriter, r *http.Request, logger *slog.Logger, p *Problem, cause error) {
 	p.Instance = r.URL.Path
 	p.RequestID = requestID(r.Context())
-	if p.Status >= 500 && clientGone(r, cause) {
-		logger.InfoContext(r.Context(), "client closed request", "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)
-		w.WriteHeader(StatusClientClosedRequest)
-		return
-	}
 	if p.Status >= 500 {
-		logger.ErrorContext(r.Context(), "request failed", "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)
+		if why := gone(r, cause); why != "" {
+			logger.WarnContext(r.Context(), why, "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)
+			p.Type, p.Title, p.Status = problemBase+"client-closed-request", "Client closed request", StatusClientClosedRequest
+			p.Detail = "The request ended before its answer: its client closed the connection, or the connection was closed under it."
+		} else {
+			logger.ErrorContext(r.Context(), "request failed", "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)
+		}
 	}
 	for k, v := range p.header {
 		w.Header()[k] = v

@@ -21,11 +21,12 @@ import (
 // A pull request the server lost (here: one the network dropped on its way)
 // costs a consumer with work waiting about two heartbeats, not the 30 s of
 // nats.go's default expiry: the server's heartbeats stop, Consume notices
-// and pulls again. Without stream.ConsumeOptions this test waits 30 s.
+// and pulls again. Without stream.ConsumeOptions the message would wait
+// 30 s, and this test fails after 10.
 func TestALostPullRequestIsReplacedWithinSeconds(t *testing.T) {
 	ns := testenv.NATS(t)
 	proxy := newPullDropper(t, ns.Addr().String())
-	nc, err := nats.Connect("nats://" + proxy.addr)
+	nc, err := nats.Connect("nats://"+proxy.addr, nats.NoReconnect())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,7 +164,11 @@ const (
 )
 
 // ConsumeOptions are the pull options every consumer of the stream runs
-// with (the projectors' and the payment workers'), after opts of its own.
+// with (the projectors' and the payment workers'): opts, then the expiry
+// and heartbeat above, which override any of opts. A process that stalls
+// for two heartbeats (a long GC or CPU starvation) also makes Consume pull
+// again and log "no heartbeat received"; the extra pull is harmless, bounded
+// by the consumer's MaxAckPending.
 func ConsumeOptions(opts ...jetstream.PullConsumeOpt) []jetstream.PullConsumeOpt {
-	return append(opts, jetstream.PullExpiry(PullExpiry), jetstream.PullHeartbeat(PullHeartbeat))
+	return append(slices.Clip(opts), jetstream.PullExpiry(PullExpiry), jetstream.PullHeartbeat(PullHeartbeat))
 }

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -190,5 +191,53 @@ func TestConnLimitClosesASilentConnectionForANewOne(t *testing.T) {
 	silent.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if _, err := silent.Read(make([]byte, 1)); err == nil {
 		t.Error("the silent connection was not closed")
+	}
+}
+
+// A keep-alive connection whose next request has begun to arrive is not
+// idle any more: a new connection waits for the slot rather than have that
+// connection closed under the request (net/http reports it active only
+// once the whole header is in).
+func TestConnLimitKeepsAConnectionWhoseRequestHasBegun(t *testing.T) {
+	url, l := serveLimited(t, 1, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.URL.Path) })) //nolint:errcheck
+	a, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	_ = a.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(a)
+	fmt.Fprint(a, "GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
+	if res, err := http.ReadResponse(br, nil); err != nil {
+		t.Fatalf("first request: %v", err)
+	} else {
+		io.Copy(io.Discard, res.Body) //nolint:errcheck
+		res.Body.Close()
+	}
+	testenv.Eventually(t, 5*time.Second, "a's connection is idle", func() bool { idle, _ := tracked(l); return idle == 1 })
+	fmt.Fprint(a, "GET /two HTTP/1.1\r\n") // the next request begins
+	time.Sleep(100 * time.Millisecond)     // for the server to read it
+
+	b := &http.Transport{}
+	defer b.CloseIdleConnections()
+	done := make(chan struct{})
+	go func() { defer close(done); get(t, b, url+"/b") }() // waits for the slot
+	time.Sleep(100 * time.Millisecond)                     // room for Accept to close a's connection, if it would
+
+	fmt.Fprint(a, "Host: x\r\n\r\n")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the request that had begun lost its connection to a new one: %v", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if string(body) != "/two" {
+		t.Fatalf("second request: %q", body)
+	}
+	a.Close()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting connection was not served after a's closed")
 	}
 }

@@ -109,6 +109,9 @@ type runner struct {
 
 // Run measures everything and returns the report.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if !slices.Contains([]string{"", "load", "create", "drain", "e2e", "pay"}, cfg.Only) {
+		return nil, fmt.Errorf("-only %q: want load, create, drain, e2e or pay (or nothing for all)", cfg.Only)
+	}
 	if err := os.RemoveAll(cfg.Dir); err != nil {
 		return nil, err
 	}

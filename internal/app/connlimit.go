@@ -138,18 +138,17 @@ func (l *connLimit) connState(c net.Conn, s http.ConnState) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.fresh, c)
-	listed := false
 	switch s {
 	case http.StateNew:
-		l.fresh[c], listed = time.Now(), true
+		l.fresh[c] = time.Now()
 	case http.StateIdle:
-		l.idle[c], listed = time.Now(), true
+		l.idle[c] = time.Now()
 		l.cond.Broadcast()
 	default:
 		delete(l.idle, c)
 	}
 	if lc, ok := c.(*limitedConn); ok {
-		lc.listed.Store(listed)
+		lc.idle.Store(s == http.StateIdle)
 	}
 }
 
@@ -162,25 +161,26 @@ func (l *connLimit) Open() int {
 
 type limitedConn struct {
 	net.Conn
-	l      *connLimit
-	once   sync.Once
-	listed atomic.Bool // in l.idle or l.fresh: Accept may close it
+	l    *connLimit
+	once sync.Once
+	idle atomic.Bool // in l.idle: Accept may close it
 }
 
-// Read takes the connection off the closable ones as soon as a read returns
-// bytes. net/http reports a keep-alive connection active only once it has
-// read the whole header of its next request, so until then Accept took it
-// for idle and could close it under a request that had arrived: its client
-// saw a reset, and the api a failed request (216 of them in the bench's
-// overloaded step). A request whose first bytes are still in flight can
-// still meet a close, as on any keep-alive connection a server closes.
+// Read takes an idle keep-alive connection off the closable ones as soon as
+// a read returns bytes of its next request. net/http reports it active only
+// once it has read that request's whole header, so until then Accept took
+// it for idle and could close it under a request that had arrived: its
+// client saw a reset, and the api a failed request (216 of them in the
+// bench's overloaded step). A request whose first bytes are still in
+// flight can still meet a close, as on any keep-alive connection a server
+// closes. A new connection stays closable until its first header is in:
+// one that has not sent it within silentAfter is slow, or an attack.
 func (c *limitedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if n > 0 && c.listed.Load() {
+	if n > 0 && c.idle.Load() {
 		c.l.mu.Lock()
 		delete(c.l.idle, c)
-		delete(c.l.fresh, c)
-		c.listed.Store(false)
+		c.idle.Store(false)
 		c.l.mu.Unlock()
 	}
 	return n, err

@@ -241,3 +241,24 @@ func TestConnLimitKeepsAConnectionWhoseRequestHasBegun(t *testing.T) {
 		t.Fatal("the waiting connection was not served after a's closed")
 	}
 }
+
+// A new connection that has begun its first header but not finished it is
+// still closable for another after silentAfter: a client sends its header
+// at once, so one that trickles it is slow, or an attack that would hold
+// the slot until ReadHeaderTimeout.
+func TestConnLimitClosesANewConnectionTricklingItsHeader(t *testing.T) {
+	url, _ := serveLimited(t, 1, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	slow, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	fmt.Fprint(slow, "GET / HTTP/1.1\r\n") // and no more
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	get(t, tr, url) // served: the slow one is closed for it
+	_ = slow.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := slow.Read(make([]byte, 1)); err == nil {
+		t.Error("the connection trickling its header was answered, not closed")
+	}
+}

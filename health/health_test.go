@@ -1,7 +1,6 @@
 package health_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -16,25 +15,8 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/acme/orders/health"
+	"github.com/acme/orders/internal/testenv"
 )
-
-// syncBuffer is a log sink the monitor's goroutine and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 const secret = "failed to connect to user=orders database=orders host=db.internal port=5432"
 
@@ -53,7 +35,7 @@ func TestReadyzAnswersFromCachedStateWithoutDetails(t *testing.T) {
 	var calls atomic.Int64
 	var pgDown atomic.Bool
 	pgDown.Store(true)
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	m, err := health.NewMonitor(map[string]health.Check{
 		"postgres": func(context.Context) error {
 			calls.Add(1)
@@ -107,7 +89,7 @@ func TestMonitorRefreshesInTheBackground(t *testing.T) {
 	t.Parallel()
 	var down atomic.Bool
 	down.Store(true)
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	m, err := health.NewMonitor(map[string]health.Check{"postgres": func(context.Context) error {
 		if down.Load() {
 			return errors.New(secret)

@@ -1,12 +1,10 @@
 package httpapi_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +21,7 @@ import (
 // 322 of them as 500s).
 func TestAClientThatHangsUpIsNotAServerFailure(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	var logs testenv.LogBuffer
 	a := newLimitedAPILogging(t, httpapi.TenantLimitConfig{}, 0, 0, slog.New(slog.NewJSONHandler(&logs, nil)))
 	tok := a.token(t, "gone")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -52,22 +50,4 @@ func TestAClientThatHangsUpIsNotAServerFailure(t *testing.T) {
 	if out := logs.String(); strings.Contains(out, `"level":"ERROR"`) {
 		t.Fatalf("a client that hung up was logged as a server failure:\n%s", out)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

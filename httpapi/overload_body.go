@@ -51,6 +51,10 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 			p.header = http.Header{"Connection": {"close"}}
 			writeProblem(w, r, s.Logger, p, nil)
 			return
+		case errors.Is(err, net.ErrClosed):
+			// The connection was closed under the request: nobody to answer.
+			writeProblem(w, r, s.Logger, problemFor(err), connErr(err))
+			return
 		case err != nil:
 			// Where the body ends on the wire is unknown: close.
 			p := problem(http.StatusBadRequest, "unreadable-body", "Unreadable body",

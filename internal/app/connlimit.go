@@ -19,8 +19,9 @@ const DefaultAPIMaxConns = 1024
 // connLimit bounds the connections a server keeps open. Past max, Accept
 // first closes a connection that holds its slot without using it: the one
 // idle the longest (a keep-alive connection between requests, which its
-// client reopens when it needs it), or else the oldest that has sent
-// nothing for silentAfter since it connected. With none of those it waits
+// client reopens when it needs it), or else the oldest that has not
+// finished a request's header within silentAfter of connecting or of
+// beginning it. With none of those it waits
 // for one, leaving new connections in the kernel's accept queue, where
 // they cost this process nothing. Connections are closed only for a new
 // connection that is waiting, never ahead of it.
@@ -39,13 +40,13 @@ type connLimit struct {
 	cond   *sync.Cond
 	open   int
 	idle   map[net.Conn]time.Time // idle since
-	fresh  map[net.Conn]time.Time // accepted at, no byte of a request read yet
+	fresh  map[net.Conn]time.Time // accepted, or its next request begun, at; header not in yet
 	closed bool
 }
 
-// silentAfter is how long a new connection may send nothing before it may
-// be closed for another: a client sends its request as soon as it has
-// connected.
+// silentAfter is how long a connection may take to send a request's header,
+// from connecting or from its first bytes, before it may be closed for
+// another: a client sends its header at once.
 const silentAfter = 250 * time.Millisecond
 
 func limitConns(ln net.Listener, max int) *connLimit {
@@ -147,6 +148,9 @@ func (l *connLimit) connState(c net.Conn, s http.ConnState) {
 	default:
 		delete(l.idle, c)
 	}
+	// Every connection is a *limitedConn: the server serves plain HTTP on
+	// this listener (under TLS it would be a *tls.Conn, and neither this
+	// nor Close would find it in the maps).
 	if lc, ok := c.(*limitedConn); ok {
 		lc.idle.Store(s == http.StateIdle)
 	}
@@ -166,20 +170,25 @@ type limitedConn struct {
 	idle atomic.Bool // in l.idle: Accept may close it
 }
 
-// Read takes an idle keep-alive connection off the closable ones as soon as
-// a read returns bytes of its next request. net/http reports it active only
-// once it has read that request's whole header, so until then Accept took
-// it for idle and could close it under a request that had arrived: its
-// client saw a reset, and the api a failed request (216 of them in the
-// bench's overloaded step). A request whose first bytes are still in
-// flight can still meet a close, as on any keep-alive connection a server
-// closes. A new connection stays closable until its first header is in:
-// one that has not sent it within silentAfter is slow, or an attack.
+// Read moves an idle keep-alive connection whose next request has begun
+// (a read returned bytes) from the idle ones, closable at once, to those
+// closable once it has had silentAfter to finish the header. net/http
+// reports it active only once it has read that whole header, so until then
+// Accept took it for idle and could close it under a request that had
+// arrived: its client saw a reset, and the api a failed request (216 of
+// them in the bench's overloaded step). The grace is no more than a new
+// connection's: a client that sends "GET" and stalls (net/http would wait
+// up to IdleTimeout for a fourth byte) gives up its slot after it. A request
+// whose first bytes are still in flight can still meet a close, as on any
+// keep-alive connection a server closes.
 func (c *limitedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 && c.idle.Load() {
 		c.l.mu.Lock()
-		delete(c.l.idle, c)
+		if _, ok := c.l.idle[c]; ok {
+			delete(c.l.idle, c)
+			c.l.fresh[c] = time.Now()
+		}
 		c.idle.Store(false)
 		c.l.mu.Unlock()
 	}

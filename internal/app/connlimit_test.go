@@ -216,13 +216,13 @@ func TestConnLimitKeepsAConnectionWhoseRequestHasBegun(t *testing.T) {
 	}
 	testenv.Eventually(t, 5*time.Second, "a's connection is idle", func() bool { idle, _ := tracked(l); return idle == 1 })
 	fmt.Fprint(a, "GET /two HTTP/1.1\r\n") // the next request begins
-	time.Sleep(100 * time.Millisecond)     // for the server to read it
+	testenv.Eventually(t, 5*time.Second, "the server reads it", func() bool { idle, _ := tracked(l); return idle == 0 })
 
 	b := &http.Transport{}
 	defer b.CloseIdleConnections()
-	done := make(chan struct{})
-	go func() { defer close(done); get(t, b, url+"/b") }() // waits for the slot
-	time.Sleep(100 * time.Millisecond)                     // room for Accept to close a's connection, if it would
+	done := make(chan error, 1)
+	go func() { done <- getErr(b, url+"/b") }() // waits for the slot
+	time.Sleep(50 * time.Millisecond)           // room for Accept to close a's connection, if it would (within silentAfter)
 
 	fmt.Fprint(a, "Host: x\r\n\r\n")
 	res, err := http.ReadResponse(br, nil)
@@ -234,11 +234,59 @@ func TestConnLimitKeepsAConnectionWhoseRequestHasBegun(t *testing.T) {
 	if string(body) != "/two" {
 		t.Fatalf("second request: %q", body)
 	}
-	a.Close()
 	select {
-	case <-done:
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the waiting connection, served once a's went idle: %v", err)
+		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("the waiting connection was not served after a's closed")
+		t.Fatal("the waiting connection was not served once a's went idle")
+	}
+}
+
+// getErr sends a GET through tr and reports any failure: for a goroutine
+// other than the test's.
+func getErr(tr *http.Transport, url string) error {
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body) //nolint:errcheck
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// A keep-alive connection that begins its next request and stalls ("GET",
+// three bytes: net/http waits up to IdleTimeout for a fourth) gives up its
+// slot to a new connection after silentAfter, like a new connection that
+// trickles its header: beginning a request buys no more than that.
+func TestConnLimitClosesAKeepAliveConnectionThatBeganARequestAndStalled(t *testing.T) {
+	url, l := serveLimited(t, 1, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	a, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	_ = a.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(a)
+	fmt.Fprint(a, "GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("first request: %v", err)
+	}
+	res.Body.Close()
+	testenv.Eventually(t, 5*time.Second, "a's connection is idle", func() bool { idle, _ := tracked(l); return idle == 1 })
+	fmt.Fprint(a, "GET") // and no more
+	testenv.Eventually(t, 5*time.Second, "the server reads it", func() bool { idle, _ := tracked(l); return idle == 0 })
+
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	get(t, tr, url) // served: a's connection is closed for it
+	if _, err := br.ReadByte(); err == nil {
+		t.Error("the stalled connection was answered, not closed")
 	}
 }
 

@@ -242,7 +242,7 @@ func ServeConns(ctx context.Context, addr string, h http.Handler, logger *slog.L
 	srv := &http.Server{
 		ConnState:         connState,
 		Handler:           h,
-		ReadHeaderTimeout: 2 * time.Second, // headers come at once; a trickle holds a goroutine (and a connection slot, see connLimit) this long at most
+		ReadHeaderTimeout: 2 * time.Second, // headers come at once; a trickle holds a goroutine this long at most (and a connection slot until connLimit needs it: silentAfter)
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      60 * time.Second,
 		IdleTimeout:       2 * time.Minute,

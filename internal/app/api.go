@@ -438,7 +438,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	})
 	// Serve returns once in-flight requests are done; the deferred stop of
 	// the background work and the connections runs after that.
-	return ServeConns(ctx, cfg.httpAddr, handler, logger, APIShutdownTimeout, cfg.maxConns)
+	return ServeConns(ctx, cfg.httpAddr, handler, logger, APIShutdownTimeout, cfg.maxConns, reg)
 }
 
 func pingPool(pool *pgxpool.Pool) health.Check {

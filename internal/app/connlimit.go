@@ -6,6 +6,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/acme/orders/metrics"
 )
 
 // DefaultAPIMaxConns is the most client connections one api process keeps
@@ -35,6 +39,11 @@ const DefaultAPIMaxConns = 1024
 type connLimit struct {
 	net.Listener
 	max int
+
+	// closedIdle and closedSlow count the connections Accept closed for a
+	// new one: idle keep-alive connections, and connections that had not
+	// sent a header within silentAfter.
+	closedIdle, closedSlow atomic.Int64
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -68,6 +77,11 @@ func (l *connLimit) Accept() (net.Conn, error) {
 	l.mu.Lock()
 	for l.open >= l.max && !l.closed {
 		if unused := l.unused(time.Now()); unused != nil {
+			if _, idle := l.idle[unused]; idle {
+				l.closedIdle.Add(1)
+			} else {
+				l.closedSlow.Add(1)
+			}
 			delete(l.idle, unused)
 			delete(l.fresh, unused)
 			l.mu.Unlock()
@@ -205,4 +219,23 @@ func (c *limitedConn) Close() error {
 		c.l.release()
 	})
 	return err
+}
+
+const closedHelp = "Connections closed to make room for a new one at -max-conns, by reason: idle (a keep-alive connection between requests) or slow (no request header within 250 ms of connecting or of beginning it)."
+
+// register exports the limiter's state on reg: the connections open, and
+// those closed for a new one by reason. A rise of "slow" closes while
+// clients report resets is the sign to look at this limiter first.
+func (l *connLimit) register(reg prometheus.Registerer) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: metrics.Namespace, Name: "http_connections_open",
+			Help: "Client connections the api holds open (at most -max-conns)."},
+			func() float64 { return float64(l.Open()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: metrics.Namespace, Name: "http_connections_closed_for_new_total",
+			Help: closedHelp, ConstLabels: prometheus.Labels{"reason": "idle"}},
+			func() float64 { return float64(l.closedIdle.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: metrics.Namespace, Name: "http_connections_closed_for_new_total",
+			Help: closedHelp, ConstLabels: prometheus.Labels{"reason": "slow"}},
+			func() float64 { return float64(l.closedSlow.Load()) }),
+	)
 }

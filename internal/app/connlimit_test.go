@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/acme/orders/internal/testenv"
 )
 
@@ -75,6 +77,9 @@ func TestConnLimitClosesTheLongestIdleConnectionForANewOne(t *testing.T) {
 	}
 	if get(t, a, url) {
 		t.Error("a's connection, idle the longest, was kept past the limit")
+	}
+	if idle, slow := l.closedIdle.Load(), l.closedSlow.Load(); idle < 1 || slow != 0 {
+		t.Errorf("closed for a new connection: %d idle, %d slow; want at least 1 idle (a's), no slow", idle, slow)
 	}
 }
 
@@ -295,7 +300,7 @@ func TestConnLimitClosesAKeepAliveConnectionThatBeganARequestAndStalled(t *testi
 // at once, so one that trickles it is slow, or an attack that would hold
 // the slot until ReadHeaderTimeout.
 func TestConnLimitClosesANewConnectionTricklingItsHeader(t *testing.T) {
-	url, _ := serveLimited(t, 1, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	url, l := serveLimited(t, 1, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	slow, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -308,5 +313,44 @@ func TestConnLimitClosesANewConnectionTricklingItsHeader(t *testing.T) {
 	_ = slow.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if _, err := slow.Read(make([]byte, 1)); err == nil {
 		t.Error("the connection trickling its header was answered, not closed")
+	}
+	if idle, slow := l.closedIdle.Load(), l.closedSlow.Load(); idle != 0 || slow != 1 {
+		t.Errorf("closed for a new connection: %d idle, %d slow; want 0 and 1", idle, slow)
+	}
+}
+
+// The limiter's state is exported on the api's registry: the connections
+// open and those closed for a new one, by reason.
+func TestConnLimitRegistersItsMetrics(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	l := limitConns(ln, 1)
+	l.closedSlow.Add(2)
+	reg := prometheus.NewRegistry()
+	l.register(reg)
+	got, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]float64{}
+	for _, mf := range got {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, lp := range m.GetLabel() {
+				name += "{" + lp.GetName() + "=" + lp.GetValue() + "}"
+			}
+			seen[name] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{"orders_http_connections_open": 0,
+		"orders_http_connections_closed_for_new_total{reason=idle}": 0,
+		"orders_http_connections_closed_for_new_total{reason=slow}": 2}
+	for name, v := range want {
+		if g, ok := seen[name]; !ok || g != v {
+			t.Errorf("%s = %v (exported: %v), want %v", name, g, ok, v)
+		}
 	}
 }

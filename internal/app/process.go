@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
 
 	"github.com/acme/orders/postgres"
@@ -224,12 +225,12 @@ func NATSReady(nc *nats.Conn) func(context.Context) error {
 // accepting, lets requests in progress finish (up to grace) and returns. It
 // logs "listening" with the bound address (useful with port 0).
 func Serve(ctx context.Context, addr string, h http.Handler, logger *slog.Logger, grace time.Duration) error {
-	return ServeConns(ctx, addr, h, logger, grace, 0)
+	return ServeConns(ctx, addr, h, logger, grace, 0, nil)
 }
 
 // ServeConns is Serve with at most maxConns connections open at once (0:
-// no limit; see connLimit).
-func ServeConns(ctx context.Context, addr string, h http.Handler, logger *slog.Logger, grace time.Duration, maxConns int) error {
+// no limit; see connLimit), whose state it registers on reg if not nil.
+func ServeConns(ctx context.Context, addr string, h http.Handler, logger *slog.Logger, grace time.Duration, maxConns int, reg prometheus.Registerer) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
@@ -238,6 +239,9 @@ func ServeConns(ctx context.Context, addr string, h http.Handler, logger *slog.L
 	if maxConns > 0 {
 		limited := limitConns(ln, maxConns)
 		ln, connState = limited, limited.connState
+		if reg != nil {
+			limited.register(reg)
+		}
 	}
 	srv := &http.Server{
 		ConnState:         connState,

@@ -205,21 +205,7 @@ func TestConnLimitClosesASilentConnectionForANewOne(t *testing.T) {
 // once the whole header is in).
 func TestConnLimitKeepsAConnectionWhoseRequestHasBegun(t *testing.T) {
 	url, l := serveLimited(t, 1, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.URL.Path) })) //nolint:errcheck
-	a, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	_ = a.SetDeadline(time.Now().Add(10 * time.Second))
-	br := bufio.NewReader(a)
-	fmt.Fprint(a, "GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
-	if res, err := http.ReadResponse(br, nil); err != nil {
-		t.Fatalf("first request: %v", err)
-	} else {
-		io.Copy(io.Discard, res.Body) //nolint:errcheck
-		res.Body.Close()
-	}
-	testenv.Eventually(t, 5*time.Second, "a's connection is idle", func() bool { idle, _ := tracked(l); return idle == 1 })
+	a, br := idleKeepAlive(t, url, l)
 	fmt.Fprint(a, "GET /two HTTP/1.1\r\n") // the next request begins
 	testenv.Eventually(t, 5*time.Second, "the server reads it", func() bool { idle, _ := tracked(l); return idle == 0 })
 
@@ -270,20 +256,7 @@ func getErr(tr *http.Transport, url string) error {
 // trickles its header: beginning a request buys no more than that.
 func TestConnLimitClosesAKeepAliveConnectionThatBeganARequestAndStalled(t *testing.T) {
 	url, l := serveLimited(t, 1, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	a, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	_ = a.SetDeadline(time.Now().Add(10 * time.Second))
-	br := bufio.NewReader(a)
-	fmt.Fprint(a, "GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
-	res, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatalf("first request: %v", err)
-	}
-	res.Body.Close()
-	testenv.Eventually(t, 5*time.Second, "a's connection is idle", func() bool { idle, _ := tracked(l); return idle == 1 })
+	a, br := idleKeepAlive(t, url, l)
 	fmt.Fprint(a, "GET") // and no more
 	testenv.Eventually(t, 5*time.Second, "the server reads it", func() bool { idle, _ := tracked(l); return idle == 0 })
 
@@ -353,4 +326,26 @@ func TestConnLimitRegistersItsMetrics(t *testing.T) {
 			t.Errorf("%s = %v (exported: %v), want %v", name, g, ok, v)
 		}
 	}
+}
+
+// idleKeepAlive opens a raw connection to url, sends one request on it and
+// reads the answer, and returns it once l holds it as idle, with its reader.
+func idleKeepAlive(t *testing.T, url string, l *connLimit) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	a, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	_ = a.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(a)
+	fmt.Fprint(a, "GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("first request: %v", err)
+	}
+	io.Copy(io.Discard, res.Body) //nolint:errcheck
+	res.Body.Close()
+	testenv.Eventually(t, 5*time.Second, "the connection is idle", func() bool { idle, _ := tracked(l); return idle == 1 })
+	return a, br
 }

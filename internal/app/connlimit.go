@@ -221,21 +221,18 @@ func (c *limitedConn) Close() error {
 	return err
 }
 
-const closedHelp = "Connections closed to make room for a new one at -max-conns, by reason: idle (a keep-alive connection between requests) or slow (no request header within 250 ms of connecting or of beginning it)."
-
 // register exports the limiter's state on reg: the connections open, and
 // those closed for a new one by reason. A rise of "slow" closes while
 // clients report resets is the sign to look at this limiter first.
 func (l *connLimit) register(reg prometheus.Registerer) {
-	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: metrics.Namespace, Name: "http_connections_open",
-			Help: "Client connections the api holds open (at most -max-conns)."},
-			func() float64 { return float64(l.Open()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: metrics.Namespace, Name: "http_connections_closed_for_new_total",
-			Help: closedHelp, ConstLabels: prometheus.Labels{"reason": "idle"}},
-			func() float64 { return float64(l.closedIdle.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: metrics.Namespace, Name: "http_connections_closed_for_new_total",
-			Help: closedHelp, ConstLabels: prometheus.Labels{"reason": "slow"}},
-			func() float64 { return float64(l.closedSlow.Load()) }),
-	)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: metrics.Namespace, Name: "http_connections_open",
+		Help: "Client connections the api holds open (at most -max-conns)."},
+		func() float64 { return float64(l.Open()) }))
+	help := "Connections closed to make room for a new one at -max-conns, by reason: idle (a keep-alive connection between requests) or slow (no request header within " +
+		silentAfter.String() + " of connecting or of beginning it)."
+	for reason, n := range map[string]*atomic.Int64{"idle": &l.closedIdle, "slow": &l.closedSlow} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: metrics.Namespace, Name: "http_connections_closed_for_new_total",
+			Help: help, ConstLabels: prometheus.Labels{"reason": reason}},
+			func() float64 { return float64(n.Load()) }))
+	}
 }

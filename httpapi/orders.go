@@ -350,7 +350,7 @@ func (s *Server) getOrder(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
-	writeJSON(w, http.StatusOK, toOrderJSON(o))
+	s.writeJSON(w, r, http.StatusOK, toOrderJSON(o))
 }
 
 // etagMatches applies If-None-Match's weak comparison to a list of tags.
@@ -438,5 +438,5 @@ func (s *Server) listOrders(w http.ResponseWriter, r *http.Request) {
 		c := page.Next.String()
 		out.NextCursor = &c
 	}
-	writeJSON(w, http.StatusOK, out)
+	s.writeJSON(w, r, http.StatusOK, out)
 }

@@ -61,7 +61,7 @@ func (s *Server) customerSummary(w http.ResponseWriter, r *http.Request) {
 		out.Totals = append(out.Totals, currencyTotalJSON{Currency: t.Currency, Paid: t.Paid, Refunded: t.Refunded})
 	}
 	w.Header().Set("Cache-Control", "no-cache")
-	writeJSON(w, http.StatusOK, out)
+	s.writeJSON(w, r, http.StatusOK, out)
 }
 
 func parsePosition(v string) (query.Position, bool) {
@@ -123,5 +123,5 @@ func (s *Server) dailySales(w http.ResponseWriter, r *http.Request) {
 		out.Days[i] = daySalesJSON{Day: d.Day.Format(dayLayout), Currency: d.Currency, Orders: d.Orders, PaidAmount: d.PaidAmount, RefundedAmount: d.RefundedAmount}
 	}
 	w.Header().Set("Cache-Control", "no-cache")
-	writeJSON(w, http.StatusOK, out)
+	s.writeJSON(w, r, http.StatusOK, out)
 }

@@ -194,14 +194,12 @@ func jsonTypeName(goKind string) string {
 
 // writeJSON sends v as a JSON response. If v cannot be encoded (a bug: no
 // response type holds a value JSON refuses), the answer is the internal
-// problem, logged, without the headers that described v (its ETag, say).
+// problem, logged, without the ETag that described v.
 func (s *Server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		for _, h := range []string{"ETag", "Location", "Last-Modified"} {
-			w.Header().Del(h)
-		}
-		writeProblem(w, r, s.Logger, problemFor(err), fmt.Errorf("encode response: %w", err))
+		w.Header().Del("ETag")
+		writeProblem(w, r, s.Logger, problemFor(nil), fmt.Errorf("encode response: %w", err))
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -14,11 +14,13 @@ import (
 // the internal problem as problem+json, logged at ERROR, and none of the
 // headers the handler had set to describe the answer it could not send.
 func TestAResponseThatCannotBeEncodedIsAnInternalProblem(t *testing.T) {
+	t.Parallel()
 	var logs bytes.Buffer
 	s := &Server{Deps: Deps{Logger: slog.New(slog.NewJSONHandler(&logs, nil))}}
 	r := httptest.NewRequest(http.MethodGet, "/v1/orders/x", nil)
 	w := httptest.NewRecorder()
 	w.Header().Set("ETag", `"3"`)
+	w.Header().Set("Cache-Control", "no-cache")
 	s.writeJSON(w, r, http.StatusOK, map[string]any{"total": make(chan int)})
 
 	if w.Code != http.StatusInternalServerError {
@@ -29,6 +31,9 @@ func TestAResponseThatCannotBeEncodedIsAnInternalProblem(t *testing.T) {
 	}
 	if etag := w.Header().Get("ETag"); etag != "" {
 		t.Errorf("ETag %s kept on the failure", etag)
+	}
+	if cc := w.Header().Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("Cache-Control %q, want no-store", cc)
 	}
 	var p struct {
 		Type     string `json:"type"`

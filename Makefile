@@ -42,7 +42,7 @@ run: ## Run PostgreSQL, NATS, api (:8080) and projector (:8081) in the foregroun
 	@scripts/stack.sh run
 
 # Fuzz targets and how long `make test` runs each (FUZZTIME=5m make fuzz for longer).
-FUZZ_TARGETS := FuzzCreateOrder:./httpapi
+FUZZ_TARGETS := FuzzCreateOrder:./httpapi FuzzCheckKeys:./httpapi
 FUZZTIME ?= 15s
 fuzz_all = for t in $(FUZZ_TARGETS); do go test -run='^$$' -fuzz="^$${t%%:*}$$" -fuzztime=$(1) "$${t\#*:}"; done
 
@@ -128,7 +128,7 @@ bench: ## Measure the pipeline against its pgbench ceiling in one run (own Postg
 bench/micro: ## Micro-benchmarks of the hot paths, 6 runs each, compared with the previous run by benchstat
 	@mkdir -p .local/bench
 	@if [ -f .local/bench/micro.txt ]; then mv .local/bench/micro.txt .local/bench/micro-old.txt; fi
-	@$(call with_test_pg,go test -run '^$$' -bench . -benchmem -count 6 ./command ./domain ./projection | tee .local/bench/micro.txt)
+	@$(call with_test_pg,go test -run '^$$' -bench . -benchmem -count 6 ./command ./domain ./httpapi ./projection | tee .local/bench/micro.txt)
 	@if [ -f .local/bench/micro-old.txt ]; then go tool benchstat .local/bench/micro-old.txt .local/bench/micro.txt; \
 	else go tool benchstat .local/bench/micro.txt; fi
 

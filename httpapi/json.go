@@ -255,106 +255,87 @@ var rawMessageType = reflect.TypeFor[json.RawMessage]()
 // (below path, which names where body sits in the request).
 func checkKeys(body []byte, t reflect.Type, path string) *Problem {
 	w := keyWalker{b: body}
-	field, detail := w.value(t)
+	detail := w.value(t, 0)
 	if detail == "" {
 		return nil
 	}
+	var b strings.Builder
+	b.WriteString(path)
+	for i := len(w.at) - 1; i >= 0; i-- {
+		b.WriteString(w.at[i])
+	}
+	field := b.String()
 	if path == "" {
 		field = strings.TrimPrefix(field, ".")
-	} else {
-		field = path + field
 	}
-	p := problem(http.StatusBadRequest, "malformed-request", "Malformed request body",
-		"Every key may appear once per object, spelled exactly as documented.")
-	p.Errors = []domain.FieldError{{Field: field, Detail: detail}}
+	summary := "Every key may appear once per object, spelled exactly as documented."
+	if detail == tooDeep {
+		summary = fmt.Sprintf("The body nests objects and arrays more than %d levels deep.", maxBodyDepth)
+	}
+	p := problem(http.StatusBadRequest, "malformed-request", "Malformed request body", summary)
+	p.Errors = []domain.FieldError{{Field: clip(field, maxFieldPath), Detail: detail}}
 	return p
+}
+
+// maxBodyDepth bounds how deeply a body may nest objects and arrays: no
+// endpoint takes more than three levels, and the key check goes one call
+// deeper per level (encoding/json's own bound, 10,000, let a hostile body
+// make that recursion, and the path of a bad key, its most costly part).
+const maxBodyDepth = 64
+
+// tooDeep is the detail of a value nested past maxBodyDepth.
+var tooDeep = fmt.Sprintf("nested more than %d levels deep", maxBodyDepth)
+
+// maxFieldPath bounds the path of a bad key that a problem repeats (a key
+// may be as long as the body).
+const maxFieldPath = 256
+
+// clip shortens s to at most n bytes, whole characters, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // keyWalker reads the keys of a JSON text that has decoded without error,
 // byte by byte: every create pays for it, and encoding/json's token reader
-// took twice as long as the decode itself (BenchmarkDecodeCreateBody). At
-// the end of b, or on a byte no valid JSON has there, it reports nothing.
+// took twice as long as the decode itself (BenchmarkDecodeCreateBody). It
+// never reads past b or recurses past maxBodyDepth, whatever b holds; on
+// bytes that are not valid JSON its answer means nothing.
 type keyWalker struct {
-	b []byte
-	i int
+	b  []byte
+	i  int
+	at []string // the bad key's path, innermost segment first (".key", "[n]")
 }
 
-// value walks the value at w.i, checking its keys against t (nil: any keys,
-// duplicates still refused). It returns the path of the first bad key below
-// this value (".key" and "[n]" segments) and what is wrong with it, or
-// detail "" if all are well; the path is built only for that key.
-func (w *keyWalker) value(t reflect.Type) (field, detail string) {
+// value walks the value at w.i, nested depth levels deep, checking its keys
+// against t (nil: any keys, duplicates still refused). It returns what is
+// wrong with the first bad key below this value, with its path in w.at,
+// or "" if all are well.
+func (w *keyWalker) value(t reflect.Type, depth int) (detail string) {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	if t == rawMessageType || (t != nil && t.Kind() == reflect.Interface) {
 		t = nil
 	}
-	switch w.next() {
-	case '{':
-		w.i++
-		if w.next() == '}' {
-			w.i++
-			return "", ""
-		}
-		fields := structFields(t)
-		seen := make(map[string]struct{}, max(len(fields), 4))
-		for w.next() == '"' {
-			key := w.str()
-			if w.next() != ':' {
-				return "", ""
-			}
-			w.i++
-			folded := foldKey(key)
-			if _, dup := seen[folded]; dup {
-				return "." + key, "duplicate key (keys are compared ignoring case)"
-			}
-			seen[folded] = struct{}{}
-			var elem reflect.Type
-			if fields != nil {
-				ft, ok := fields[key]
-				if !ok {
-					for name := range fields {
-						if foldKey(name) == folded {
-							return "." + key, "must be spelled " + strconv.Quote(name) + " (keys are case-sensitive)"
-						}
-					}
-				}
-				elem = ft
-			} else if t != nil && t.Kind() == reflect.Map {
-				elem = t.Elem()
-			}
-			if field, detail := w.value(elem); detail != "" {
-				return "." + key + field, detail
-			}
-			if w.next() != ',' {
-				break // '}'
-			}
-			w.i++
+	switch c := w.next(); c {
+	case '{', '[':
+		if depth == maxBodyDepth {
+			return tooDeep
 		}
 		w.i++
-	case '[':
-		w.i++
-		var elem reflect.Type
-		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
-			elem = t.Elem()
+		if c == '{' {
+			return w.object(t, depth+1)
 		}
-		if w.next() == ']' {
-			w.i++
-			return "", ""
-		}
-		for n := 0; w.i < len(w.b); n++ {
-			if field, detail := w.value(elem); detail != "" {
-				return "[" + strconv.Itoa(n) + "]" + field, detail
-			}
-			if w.next() != ',' {
-				break // ']'
-			}
-			w.i++
-		}
-		w.i++
+		return w.array(t, depth+1)
 	case '"':
-		w.str()
+		w.str(false)
 	default: // a number, true, false or null: up to what follows it
 		for ; w.i < len(w.b); w.i++ {
 			if c := w.b[w.i]; c == ',' || c == ']' || c == '}' || c == ' ' || c == '\t' || c == '\r' || c == '\n' {
@@ -362,7 +343,79 @@ func (w *keyWalker) value(t reflect.Type) (field, detail string) {
 			}
 		}
 	}
-	return "", ""
+	return ""
+}
+
+// object walks the members of the object whose '{' was just read.
+func (w *keyWalker) object(t reflect.Type, depth int) (detail string) {
+	if w.next() == '}' {
+		w.i++
+		return ""
+	}
+	fields := structFields(t)
+	seen := make(map[string]struct{}, max(len(fields), 4))
+	for w.next() == '"' {
+		key := w.str(true)
+		if w.next() != ':' {
+			return ""
+		}
+		w.i++
+		folded := foldKey(key)
+		if _, dup := seen[folded]; dup {
+			w.at = append(w.at, "."+key)
+			return "duplicate key (keys are compared ignoring case)"
+		}
+		seen[folded] = struct{}{}
+		var elem reflect.Type
+		if fields != nil {
+			ft, ok := fields[key]
+			if !ok {
+				for name := range fields {
+					if foldKey(name) == folded {
+						w.at = append(w.at, "."+key)
+						return "must be spelled " + strconv.Quote(name) + " (keys are case-sensitive)"
+					}
+				}
+			}
+			elem = ft
+		} else if t != nil && t.Kind() == reflect.Map {
+			elem = t.Elem()
+		}
+		if detail := w.value(elem, depth); detail != "" {
+			w.at = append(w.at, "."+key)
+			return detail
+		}
+		if w.next() != ',' {
+			break // '}'
+		}
+		w.i++
+	}
+	w.i++
+	return ""
+}
+
+// array walks the elements of the array whose '[' was just read.
+func (w *keyWalker) array(t reflect.Type, depth int) (detail string) {
+	var elem reflect.Type
+	if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+		elem = t.Elem()
+	}
+	if w.next() == ']' {
+		w.i++
+		return ""
+	}
+	for n := 0; w.i < len(w.b); n++ {
+		if detail := w.value(elem, depth); detail != "" {
+			w.at = append(w.at, "["+strconv.Itoa(n)+"]")
+			return detail
+		}
+		if w.next() != ',' {
+			break // ']'
+		}
+		w.i++
+	}
+	w.i++
+	return ""
 }
 
 // next skips whitespace and returns the byte at w.i (0 at the end).
@@ -377,8 +430,9 @@ func (w *keyWalker) next() byte {
 	return 0
 }
 
-// str reads the string at w.i (its opening quote) and returns its value.
-func (w *keyWalker) str() string {
+// str reads the string at w.i (its opening quote) and, if decode, returns
+// its value.
+func (w *keyWalker) str(decode bool) string {
 	start := w.i
 	escaped := false
 	for w.i++; w.i < len(w.b); w.i++ {
@@ -389,7 +443,10 @@ func (w *keyWalker) str() string {
 		case '"':
 			w.i++
 			raw := w.b[start:w.i]
-			if !escaped {
+			switch {
+			case !decode:
+				return ""
+			case !escaped:
 				return string(raw[1 : len(raw)-1])
 			}
 			var s string
@@ -426,8 +483,8 @@ func structFields(t reflect.Type) map[string]reflect.Type {
 		}
 		m[name] = f.Type
 	}
-	fieldsByType.Store(t, m)
-	return m
+	stored, _ := fieldsByType.LoadOrStore(t, m)
+	return stored.(map[string]reflect.Type)
 }
 
 // foldKey maps s to one spelling per class of strings that are equal under
@@ -435,7 +492,7 @@ func structFields(t reflect.Type) map[string]reflect.Type {
 func foldKey(s string) string {
 	if ascii, lower := asciiCase(s); ascii {
 		if !lower {
-			return s // no letter to fold: its own spelling
+			return s // no lower-case letter: its own fold
 		}
 		return strings.ToUpper(s) // the least of 'a', 'A' (and of 's', 'S', 'ſ'; 'k', 'K', 'K') is the capital
 	}

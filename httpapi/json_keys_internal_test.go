@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"unicode"
 
@@ -15,7 +16,8 @@ import (
 // reader found before it (tokenCheckKeys, kept here as the reference): for
 // any body the api would go on to check (valid JSON in UTF-8, no lone
 // surrogate), both name the same first bad key with the same complaint,
-// whatever type the body is checked against.
+// whatever type the body is checked against. Only a body nested past
+// maxBodyDepth, which the reference took, is refused instead.
 func FuzzCheckKeys(f *testing.F) {
 	for _, seed := range []string{
 		`{"customer_id":"c","currency":"EUR","items":[{"sku":"s","quantity":1,"unit_price":1}]}`,
@@ -27,24 +29,36 @@ func FuzzCheckKeys(f *testing.F) {
 		`{"\u0063ustomer_id":"x","customer_id":"y"}`,
 		`{"a":{"b":{"K":1,"k":2}}}`,
 		` { "" : 1 , "" : 2 } `,
+		`{"":{"a":1,"a":2}}`,
+		`{"note":{"x":[{"y":1,"Y":2}]},"shipping_address":null}`,
 		`{"x":[1,-2.5e3,true,false,null,"s\"}"],"y":{}}`,
 	} {
 		f.Add([]byte(seed))
 	}
 	types := []reflect.Type{nil, reflect.TypeFor[createOrderRequest](), reflect.TypeFor[domain.Address](),
-		reflect.TypeFor[map[string]any](), reflect.TypeFor[[]createOrderRequest]()}
+		reflect.TypeFor[map[string]any](), reflect.TypeFor[[]createOrderRequest](), reflect.TypeFor[*struct {
+			ShippingAddress json.RawMessage `json:"shipping_address"`
+			Note            json.RawMessage `json:"note"`
+		}]()}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		if !json.Valid(body) || checkUnicode(body) != nil {
 			return // refused before checkKeys runs
 		}
+		deep := nesting(body) > maxBodyDepth
 		for _, typ := range types {
 			for _, path := range []string{"", "shipping_address"} {
-				wantField, wantDetail := tokenCheckKeys(body, typ, path)
 				var gotField, gotDetail string
 				if p := checkKeys(body, typ, path); p != nil {
 					gotField, gotDetail = p.Errors[0].Field, p.Errors[0].Detail
 				}
-				if gotField != wantField || gotDetail != wantDetail {
+				if deep {
+					if gotDetail != tooDeep {
+						t.Fatalf("%s nests %d levels, checked against %v: got %q %q", body, nesting(body), typ, gotField, gotDetail)
+					}
+					continue
+				}
+				wantField, wantDetail := tokenCheckKeys(body, typ, path)
+				if gotField != clip(wantField, maxFieldPath) || gotDetail != wantDetail {
 					t.Fatalf("%s against %v at %q: got %q %q, the token reader %q %q", body, typ, path, gotField, gotDetail, wantField, wantDetail)
 				}
 			}
@@ -52,12 +66,62 @@ func FuzzCheckKeys(f *testing.F) {
 	})
 }
 
+// nesting is how deeply the valid JSON text body nests objects and arrays.
+func nesting(body []byte) int {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	depth, most := 0, 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return most
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+			most = max(most, depth)
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+	}
+}
+
+// A body nested past maxBodyDepth is refused with the path to where it
+// went too deep; one at the bound is checked as usual. A duplicate key
+// under a long path of long keys is named by a clipped path (the walker
+// builds it once: it used to be rebuilt at every level on the way up).
+func TestKeysOfDeeplyNestedBodies(t *testing.T) {
+	t.Parallel()
+	nest := func(levels int, inner string) []byte {
+		return []byte(strings.Repeat(`{"a":`, levels) + inner + strings.Repeat("}", levels))
+	}
+	if p := checkKeys(nest(maxBodyDepth-1, `{"b":1}`), nil, ""); p != nil {
+		t.Fatalf("%d levels refused: %+v", maxBodyDepth, p.Errors)
+	}
+	p := checkKeys(nest(maxBodyDepth, `{"b":1}`), nil, "")
+	want := strings.TrimPrefix(strings.Repeat(".a", maxBodyDepth), ".")
+	if p == nil || p.Errors[0].Detail != tooDeep || p.Errors[0].Field != want {
+		t.Fatalf("%d levels: %+v, want %q refused as too deep", maxBodyDepth+1, p, want)
+	}
+	long := strings.Repeat("k", 1000)
+	body := []byte(strings.Repeat(`{"`+long+`":`, 40) + `{"a":1,"a":2}` + strings.Repeat("}", 40))
+	p = checkKeys(body, nil, "note")
+	if p == nil || !strings.HasPrefix(p.Errors[0].Field, "note."+long[:100]) || len(p.Errors[0].Field) > maxFieldPath ||
+		!strings.HasSuffix(p.Errors[0].Field, "…") {
+		t.Fatalf("duplicate under 40 long keys: %+v", p)
+	}
+}
+
 // tokenCheckKeys is checkKeys as it was until 2026-11-24, on
-// encoding/json's token reader: the reference for FuzzCheckKeys.
+// encoding/json's token reader: the reference for FuzzCheckKeys. (It
+// dropped an empty key from a path when the path so far was empty, as in
+// {"":{"a":1,"a":2}}; the walker names ".a", and so does this now.)
 func tokenCheckKeys(body []byte, t reflect.Type, path string) (field, detail string) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	field, detail, _ = tokenWalkKeys(dec, t, path)
+	if path == "" {
+		field = strings.TrimPrefix(field, ".") // keys joined below "" start with "."
+	}
 	return field, detail
 }
 
@@ -72,12 +136,7 @@ func tokenWalkKeys(dec *json.Decoder, t reflect.Type, path string) (field, detai
 	if err != nil {
 		return "", "", err
 	}
-	join := func(path, key string) string {
-		if path == "" {
-			return key
-		}
-		return path + "." + key
-	}
+	join := func(path, key string) string { return path + "." + key } // an empty key is a segment too
 	switch tok {
 	case json.Delim('{'):
 		fields := structFields(t)

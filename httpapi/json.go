@@ -338,7 +338,7 @@ func (w *keyWalker) value(t reflect.Type, depth int) (detail string) {
 		w.str(false)
 	default: // a number, true, false or null: up to what follows it
 		for ; w.i < len(w.b); w.i++ {
-			if c := w.b[w.i]; c == ',' || c == ']' || c == '}' || c == ' ' || c == '\t' || c == '\r' || c == '\n' {
+			if c := w.b[w.i]; c == ',' || c == ']' || c == '}' || jsonSpace(c) {
 				break
 			}
 		}
@@ -421,14 +421,15 @@ func (w *keyWalker) array(t reflect.Type, depth int) (detail string) {
 // next skips whitespace and returns the byte at w.i (0 at the end).
 func (w *keyWalker) next() byte {
 	for ; w.i < len(w.b); w.i++ {
-		switch c := w.b[w.i]; c {
-		case ' ', '\t', '\r', '\n':
-		default:
+		if c := w.b[w.i]; !jsonSpace(c) {
 			return c
 		}
 	}
 	return 0
 }
+
+// jsonSpace reports whether c is whitespace between JSON tokens.
+func jsonSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
 
 // str reads the string at w.i (its opening quote) and, if decode, returns
 // its value.

@@ -78,3 +78,34 @@ func BenchmarkApplyBatch(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRebuild measures a rebuild of order_views from an event log of n
+// events (distinct new orders), for two sizes of the log: the events/s of
+// the two should be about the same, since a rebuild reads the log once
+// (twice, counting the catch-up walk before the swap), whatever its length.
+func BenchmarkRebuild(b *testing.B) {
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, n := range []int{10_000, 40_000} {
+		b.Run(fmt.Sprintf("order_views/%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			db := testenv.DB(b)
+			if _, err := db.Exec(ctx, logEventsSQL, n); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := db.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+				b.Fatal(err)
+			}
+			r := mustRunner(b, db, nil, OrderViews{}, logger, Config{})
+			for b.Loop() {
+				st, err := r.Rebuild(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if st.Events != n {
+					b.Fatalf("rebuilt %d events, want %d", st.Events, n)
+				}
+			}
+			b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}

@@ -3,6 +3,8 @@ package projection
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,6 +15,7 @@ import (
 // RebuildStats says what a rebuild did.
 type RebuildStats struct {
 	Events   int           // events applied to the new tables
+	Skipped  int           // events left out: they cannot be applied (logged)
 	Duration time.Duration // from start to swap
 }
 
@@ -50,44 +53,80 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 	}
 	inShadow := "SET LOCAL search_path TO " + schema + ", public"
 
-	// Phase 1: the log so far, in batches, without holding anything up.
+	// Phase 1: the log so far, in seq order, in batches, without holding
+	// anything up. Each batch reads on from where the last one ended, so
+	// the log is read once. An event whose transaction took a lower seq and
+	// committed after the walk passed it is left behind here; phase 2
+	// finds it.
 	var stats RebuildStats
+	skipped := map[int64]string{} // by seq: why an event was left out
+	var after int64
 	for {
-		var n int
+		var got, applied int
+		var last int64
+		var left map[int64]string
 		err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
+			left = maps.Clone(skipped)
 			if _, err := tx.Exec(ctx, inShadow); err != nil {
 				return err
 			}
-			var err error
-			n, err = r.applyUnapplied(ctx, tx, 1000)
+			rows, _ := tx.Query(ctx, rebuildWalkSQL, after, rebuildBatch)
+			log, err := pgx.CollectRows(rows, pgx.RowToStructByPos[loggedEvent])
+			if err != nil {
+				return fmt.Errorf("read the event log: %w", err)
+			}
+			if got = len(log); got > 0 {
+				last = log[got-1].Seq
+			}
+			applied, err = r.applyLogged(ctx, tx, log, left)
 			return err
 		})
 		if err != nil {
 			return stats, fmt.Errorf("rebuild %s: %w", name, err)
 		}
-		stats.Events += n
-		if n < 1000 {
+		stats.Events, skipped = stats.Events+applied, left
+		if got < rebuildBatch {
 			break
 		}
+		after = last
 	}
 
-	// Phase 2: catch up and swap, with the live runners held back.
+	// Phase 2: catch up and swap, with the live runners held back. Every
+	// event committed before the lock was granted is visible here, and one
+	// anti-join of the whole log against the shadow inbox finds those the
+	// walk did not apply: the late ones, and what arrived since.
+	var caughtUp int
+	var left map[int64]string
 	err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
+		caughtUp, left = 0, maps.Clone(skipped)
+		// Without statistics the planner takes the shadow inbox for
+		// empty, and its plan compares every event with every row.
+		if _, err := tx.Exec(ctx, "ANALYZE "+schema+".inbox"); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, AdvisoryClass, name); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, inShadow); err != nil {
 			return err
 		}
-		for {
-			n, err := r.applyUnapplied(ctx, tx, 1000)
+		rows, _ := tx.Query(ctx, rebuildMissingSQL, name)
+		missing, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return fmt.Errorf("find the events not applied: %w", err)
+		}
+		slices.Sort(missing)
+		for chunk := range slices.Chunk(missing, rebuildBatch) {
+			rows, _ := tx.Query(ctx, rebuildReadSQL, chunk)
+			log, err := pgx.CollectRows(rows, pgx.RowToStructByPos[loggedEvent])
+			if err != nil {
+				return fmt.Errorf("read the event log: %w", err)
+			}
+			n, err := r.applyLogged(ctx, tx, log, left)
 			if err != nil {
 				return err
 			}
-			stats.Events += n
-			if n < 1000 {
-				break
-			}
+			caughtUp += n
 		}
 		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO DEFAULT"); err != nil {
 			return err
@@ -111,44 +150,102 @@ ON CONFLICT (projection, aggregate_id) DO UPDATE SET version = GREATEST(projecti
 				return fmt.Errorf("swap bookkeeping: %w", err)
 			}
 		}
-		_, err := tx.Exec(ctx, NotifyAppliedSQL, name)
+		_, err = tx.Exec(ctx, NotifyAppliedSQL, name)
 		return err
 	})
 	stats.Duration = time.Since(start)
 	if err != nil {
 		return stats, fmt.Errorf("swap rebuilt %s: %w", name, err)
 	}
-	r.logger.InfoContext(ctx, "projection rebuilt", "events", stats.Events, "duration", stats.Duration)
+	stats.Events += caughtUp
+	skipped = left
+	stats.Skipped = len(skipped)
+	if stats.Skipped > 0 {
+		seqs := slices.Sorted(maps.Keys(skipped))
+		first := seqs[:min(len(seqs), 10)]
+		why := make([]string, len(first))
+		for i, seq := range first {
+			why[i] = fmt.Sprintf("seq %d: %s", seq, skipped[seq])
+		}
+		r.logger.WarnContext(ctx, "rebuild left out events it could not apply", "projection", name, "skipped", stats.Skipped, "first", why)
+	}
+	r.logger.InfoContext(ctx, "projection rebuilt", "events", stats.Events, "skipped", stats.Skipped, "duration", stats.Duration)
 	return stats, nil
 }
 
-// applyUnapplied applies, in tx, up to limit outbox events that the inbox
-// in scope (the shadow's, during a rebuild) does not have yet, in outbox
-// order, and returns how many it took.
-func (r *Runner) applyUnapplied(ctx context.Context, tx pgx.Tx, limit int) (int, error) {
-	rows, _ := tx.Query(ctx, `
-SELECT o.seq, o.payload::text FROM public.outbox o
-WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.projection = $1 AND i.event_id = o.id)
-ORDER BY o.seq LIMIT $2`, r.proj.Name(), limit)
-	var events []*event
-	var seq int64
-	var payload string
-	if _, err := pgx.ForEachRow(rows, []any{&seq, &payload}, func() error {
-		events = append(events, &event{data: []byte(payload), deliveries: 1})
-		return nil
-	}); err != nil {
-		return 0, fmt.Errorf("read the event log: %w", err)
-	}
-	if len(events) == 0 {
+// rebuildBatch is how many events a rebuild applies per transaction of
+// its walk, and per statement of its catch-up.
+const rebuildBatch = 1000
+
+const (
+	// rebuildWalkSQL reads the event log on from seq $1, in seq order.
+	rebuildWalkSQL = `SELECT seq, payload::text FROM public.outbox WHERE seq > $1 ORDER BY seq LIMIT $2`
+	// rebuildMissingSQL finds the events of the log the inbox in scope (the
+	// shadow's) does not have.
+	rebuildMissingSQL = `
+SELECT o.seq FROM public.outbox o
+WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.projection = $1 AND i.event_id = o.id)`
+	// rebuildReadSQL reads the events $1 of the log, in seq order.
+	rebuildReadSQL = `SELECT seq, payload::text FROM public.outbox WHERE seq = ANY($1) ORDER BY seq`
+)
+
+// loggedEvent is an event as the event log (the outbox) holds it.
+type loggedEvent struct {
+	Seq     int64
+	Payload string
+}
+
+// applyLogged applies, in tx, the events of log (in seq order) that the
+// projection can apply, and returns how many it recorded (applied, or
+// already there). One it cannot apply is left out and noted in skipped,
+// with its reason, as the live runner would dead-letter it: an envelope
+// that does not decode, data its projection refuses, or an event whose
+// predecessor the log does not hold (pruned by relay retention, or itself
+// left out). The rest of the log is rebuilt. The batch goes in one
+// savepoint; if that fails, each event goes in one of its own, so one bad
+// event leaves out only itself and its order's later events.
+func (r *Runner) applyLogged(ctx context.Context, tx pgx.Tx, log []loggedEvent, skipped map[int64]string) (int, error) {
+	if len(log) == 0 {
 		return 0, nil
 	}
-	if err := r.commitTx(ctx, tx, decode(events)); err != nil {
-		return 0, err
+	events := make([]*event, len(log))
+	bySeq := make(map[*event]int64, len(log))
+	for i, l := range log {
+		events[i] = &event{data: []byte(l.Payload), deliveries: 1}
+		bySeq[events[i]] = l.Seq
 	}
-	for _, e := range events {
-		if e.undecodable || e.outcome == Gap {
-			return 0, fmt.Errorf("event log entry %s cannot be applied in order (%s)", e.env.ID, e.outcome)
+	events = decode(events)
+	err, txErr := inSavepoint(ctx, tx, func(sp pgx.Tx) error { return r.commitTx(ctx, sp, events) })
+	if txErr != nil {
+		return 0, txErr
+	}
+	if err != nil {
+		for _, e := range events {
+			if e.undecodable {
+				continue
+			}
+			err, txErr := inSavepoint(ctx, tx, func(sp pgx.Tx) error { return r.commitTx(ctx, sp, []*event{e}) })
+			switch {
+			case txErr != nil:
+				return 0, txErr
+			case err != nil && !Permanent(err):
+				return 0, err // a deadlock, a lost connection, …: not the event's fault
+			case err != nil:
+				e.outcome, e.err = Malformed, err
+			}
 		}
 	}
-	return len(events), nil
+	recorded := 0
+	for _, e := range events {
+		switch {
+		case e.undecodable || e.outcome == Malformed:
+			skipped[bySeq[e]] = e.err.Error()
+		case e.outcome == Gap:
+			skipped[bySeq[e]] = fmt.Sprintf("%s v%d of order %s: its predecessor is not in the log", e.env.Type, e.env.AggregateVersion, e.env.AggregateID)
+		default:
+			delete(skipped, bySeq[e]) // a late event applied on a second look
+			recorded++
+		}
+	}
+	return recorded, nil
 }

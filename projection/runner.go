@@ -586,12 +586,15 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 				deferred, deferredAgg[e.env.AggregateID] = append(deferred, d), true
 			}
 		case e.outcome == Gap:
-			// Not counted against the tenant's share: a gap waits for a
-			// predecessor that is in flight (applied within moments), or
-			// that failed and is itself delayed (counted) or parked (then
-			// this gap parks behind it at its next delivery, see park).
+			// Counted against the tenant's share like a failure's delay:
+			// a tenant's events that wait for predecessors that never come
+			// (a forged or broken stream) must not fill the window either.
+			// Past its share a gap is parked, and the re-drive tries it
+			// again after the same delay.
 			r.stats[Gap].Add(1)
-			err = e.msg.NakWithDelay(r.gapDelay(e.deliveries))
+			if d, ok := r.delay(ctx, e, r.gapDelay(e.deliveries), fmt.Sprintf("waiting for version %d of its order", e.env.AggregateVersion-1)); !ok {
+				deferred, deferredAgg[e.env.AggregateID] = append(deferred, d), true
+			}
 		default:
 			err = e.msg.Ack()
 			r.stats[e.outcome].Add(1)

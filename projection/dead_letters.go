@@ -137,14 +137,16 @@ func deadIDs(events []*event) []int64 {
 // RetryDeadLetter applies the open dead letter id of this projection again,
 // now that its cause is fixed, and then the events parked behind it, in
 // version order, all in one transaction. If the event still cannot be
-// applied, nothing changes and the error says why.
+// applied, nothing changes and the error says why. A parked event that
+// fails is recorded as the re-drive records it (an open dead letter of its
+// own if no retry can fix it, its later versions parked behind it).
 func (r *Runner) RetryDeadLetter(ctx context.Context, id int64) (applied int, err error) {
 	return r.resolve(ctx, id, statusRetried)
 }
 
 // DiscardDeadLetter skips the open dead letter id of this projection for
 // good: its aggregate's position moves past it, and the events parked behind
-// it are applied. Use it only when the event's effect must not (or need not)
+// it are applied as RetryDeadLetter applies them. Use it only when the event's effect must not (or need not)
 // be applied, e.g. an event that should never have been published.
 func (r *Runner) DiscardDeadLetter(ctx context.Context, id int64) (applied int, err error) {
 	return r.resolve(ctx, id, statusDiscarded)
@@ -202,27 +204,18 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 		if err != nil || len(parked) == 0 {
 			return err
 		}
-		if err := r.commitTx(ctx, tx, parked); err != nil {
+		// Each parked event goes as the re-drive takes it: one that fails
+		// becomes an open dead letter of its own (the CLI can resolve it
+		// next), the later ones stay parked behind it, and the rest are
+		// applied; one bad parked event must not undo this resolution.
+		if err := r.applyStored(ctx, tx, parked); err != nil {
 			return err
 		}
-		var done []int64
-		for _, p := range parked {
-			if p.outcome == Applied || p.outcome == Duplicate || p.outcome == Stale {
-				done = append(done, p.deadID)
-				if p.outcome == Applied {
-					applied++
-				}
-			}
+		var counts [outcomeCount]int64
+		if err := r.recordRedriven(ctx, tx, parked, &counts); err != nil {
+			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE dead_letters SET status = 'retried', resolved_at = now() WHERE id = ANY($1)`, done); err != nil {
-			return fmt.Errorf("mark parked events retried: %w", err)
-		}
-		// What is left (its own predecessor still missing) is re-driven
-		// from now on.
-		if _, err := tx.Exec(ctx, `UPDATE dead_letters SET next_attempt_at = now()
-WHERE projection = $1 AND aggregate_id = $2 AND status = 'parked' AND next_attempt_at IS NULL`, r.proj.Name(), e.env.AggregateID); err != nil {
-			return fmt.Errorf("make the events left parked due: %w", err)
-		}
+		applied += int(counts[Applied])
 		return nil
 	})
 	return applied, err

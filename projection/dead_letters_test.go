@@ -187,3 +187,45 @@ func TestRetryMarksEachParkedEventByItsOwnRow(t *testing.T) {
 		})
 	}
 }
+
+// Two poison versions of one order in a row: v2 is an open dead letter and
+// v3 is parked behind it. Discarding v2 must not fail on v3: v3 becomes an
+// open dead letter of its own, which the CLI can then resolve, and the
+// order is not stuck.
+func TestAParkedEventThatFailsDoesNotUndoTheResolutionBeforeIt(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Workers: 1, MaxDeliver: 2, RetryDelay: 10 * time.Millisecond, GapDelay: 10 * time.Millisecond}
+	f := newFixture(t, cfg)
+	ctx := context.Background()
+	f.run(t)
+	envs := lifecycleEvents(t, "c-poison")
+	envs[1].Data = json.RawMessage(`{"status": 5}`)
+	envs[2].Data = json.RawMessage(`{"status": 6}`)
+	for _, e := range envs {
+		f.publish(t, e, e.ID.String())
+	}
+	eventually(t, "v2 is dead-lettered and v3 parked", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'open' AND aggregate_version = 2`) == 1 &&
+			f.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'parked' AND aggregate_version = 3`) == 1
+	})
+	var v2 int64
+	if err := f.db.QueryRow(ctx, `SELECT id FROM dead_letters WHERE status = 'open'`).Scan(&v2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.runner.DiscardDeadLetter(ctx, v2); err != nil {
+		t.Fatalf("discard v2: %v", err)
+	}
+	var v3 int64
+	if err := f.db.QueryRow(ctx, `SELECT id FROM dead_letters WHERE status = 'open' AND aggregate_version = 3`).Scan(&v3); err != nil {
+		t.Fatalf("v3 is not an open dead letter after v2's discard: %v", err)
+	}
+	if _, err := f.runner.DiscardDeadLetter(ctx, v3); err != nil {
+		t.Fatalf("discard v3: %v", err)
+	}
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE status IN ('open', 'parked')`); n != 0 {
+		t.Errorf("%d dead letters unresolved, want 0", n)
+	}
+	if v, _ := f.view(t, envs[0].AggregateID); v != 1 {
+		t.Errorf("view at version %d, want 1 (v2 and v3 discarded)", v)
+	}
+}

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"sync/atomic"
@@ -98,4 +99,30 @@ func TestGapsOfOneTenantDoNotFillTheWindow(t *testing.T) {
 		return f.count(t, `SELECT count(*) FROM order_views WHERE order_id = $1`, good.AggregateID) == 1
 	})
 	t.Logf("applied after %s; stats %+v", time.Since(start).Round(time.Millisecond), f.runner.Stats())
+}
+
+// A batch that fails because of one event's data is applied in halves, not
+// one event at a time: one tenant's bad event costs the batch a few more
+// transactions, not one per event, so publishing bad events cannot slow
+// every other tenant's batches to single events.
+func TestOneBadEventCostsItsBatchAFewTransactionsNotOnePerEvent(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{Workers: 1, BatchSize: 100, BatchWait: 200 * time.Millisecond})
+	poison := orderEvents(t, "evil", "c-e")[0]
+	poison.Data = json.RawMessage(`{"status": 5}`)
+	f.publish(t, poison, poison.ID.String())
+	const healthy = 50
+	for range healthy {
+		e := orderEvents(t, "healthy", "c-h")[0]
+		f.publish(t, e, e.ID.String())
+	}
+	f.run(t)
+	eventually(t, "the healthy events are applied and the bad one dead-lettered", func() bool {
+		s := f.runner.Stats()
+		return s.Applied == healthy && s.Malformed == 1
+	})
+	// Halving 51 events to find one: at most two commits per level.
+	if s := f.runner.Stats(); s.Pipelined > 12 {
+		t.Errorf("%d transactions applied %d healthy events beside one bad one, want at most 12 (stats %+v)", s.Pipelined, healthy, s)
+	}
 }

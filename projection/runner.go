@@ -486,20 +486,42 @@ func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 		r.window.received(e.seq)
 	}
 	if err := r.commit(ctx, events); err != nil {
-		r.logger.WarnContext(ctx, "batch failed; applying its events one by one", "events", len(events), "err", err)
+		r.logger.WarnContext(ctx, "batch failed; applying its events apart", "events", len(events), "err", err)
+		r.commitApart(ctx, events, err)
+	}
+	r.settle(ctx, events)
+}
+
+// commitApart applies events, whose transaction failed with err, apart, so
+// that the events that caused the failure are found and the others applied:
+// in halves, one after the other, while the failure is the data's (Permanent:
+// one bad event then costs about 2·log2(n) transactions, not n, so a tenant
+// that publishes bad events cannot make every batch go one event at a time);
+// one by one otherwise. Each event that fails alone gets its error.
+func (r *Runner) commitApart(ctx context.Context, events []*event, err error) {
+	if len(events) == 1 || !Permanent(err) {
 		for _, e := range events {
 			if e.undecodable {
 				continue
 			}
-			switch err := r.commit(ctx, []*event{e}); {
+			if len(events) > 1 {
+				err = r.commit(ctx, []*event{e})
+			}
+			switch {
 			case errors.Is(err, domain.ErrMalformedEvent):
 				e.outcome, e.err = Malformed, err
 			case err != nil:
 				e.err, e.permanent = err, Permanent(err)
 			}
 		}
+		return
 	}
-	r.settle(ctx, events)
+	half := len(events) / 2
+	for _, part := range [][]*event{events[:half], events[half:]} {
+		if err := r.commit(ctx, part); err != nil {
+			r.commitApart(ctx, part, err)
+		}
+	}
 }
 
 // keepInProgress sends InProgress for msgs every AckWait/3 until stopped.

@@ -607,12 +607,19 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			if d, ok := r.delay(ctx, e, r.retryDelay(e.deliveries), fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err)); !ok {
 				deferred, deferredAgg[e.env.AggregateID] = append(deferred, d), true
 			}
+		case e.outcome == Gap && r.gapDelay(e.deliveries) < gapCountsFrom:
+			// Not counted against the tenant's share yet: its predecessor
+			// is most likely in flight (in another worker's or process's
+			// batch) and applied within moments. Counting these would park
+			// the ordinary gaps of a busy tenant, and each parked event
+			// makes its order's later ones gaps too.
+			r.stats[Gap].Add(1)
+			err = e.msg.NakWithDelay(r.gapDelay(e.deliveries))
 		case e.outcome == Gap:
-			// Counted against the tenant's share like a failure's delay:
-			// a tenant's events that wait for predecessors that never come
-			// (a forged or broken stream) must not fill the window either.
-			// Past its share a gap is parked, and the re-drive tries it
-			// again after the same delay.
+			// It has waited long enough that its predecessor may never
+			// come (a forged or broken stream): counted against the
+			// tenant's share like a failure's delay, so such events cannot
+			// fill the window. Past the share it is parked, and re-driven.
 			r.stats[Gap].Add(1)
 			if d, ok := r.delay(ctx, e, r.gapDelay(e.deliveries), fmt.Sprintf("waiting for version %d of its order", e.env.AggregateVersion-1)); !ok {
 				deferred, deferredAgg[e.env.AggregateID] = append(deferred, d), true
@@ -779,6 +786,11 @@ func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string)
 // gapDelay is how long an event waits for its predecessor: GapDelay, doubling
 // with each delivery up to 30s, so an event stuck behind a lost predecessor
 // costs little while it waits.
+// gapCountsFrom is the delay from which a gap's redelivery counts against
+// its tenant's share of the window: with the default GapDelay (20 ms,
+// doubling), from its seventh delivery, after about 1.3 s of waiting.
+const gapCountsFrom = time.Second
+
 func (r *Runner) gapDelay(deliveries uint64) time.Duration {
 	return min(r.cfg.GapDelay<<min(max(deliveries, 1)-1, 10), 30*time.Second)
 }

@@ -16,17 +16,18 @@ const ProblemBase = "https://orders.acme.example/problems/"
 // Problem types a caller branches on (see the README's Errors section for
 // the full list). Compare them with Problem.Type, or use the Is… helpers.
 const (
-	TypeValidationFailed   = ProblemBase + "validation-failed"
-	TypeMalformedRequest   = ProblemBase + "malformed-request"
-	TypeNotFound           = ProblemBase + "not-found"
-	TypeConflict           = ProblemBase + "conflict"
-	TypePreconditionFailed = ProblemBase + "precondition-failed"
-	TypeIfMatchRequired    = ProblemBase + "if-match-required"
-	TypeViewBehind         = ProblemBase + "view-behind"
-	TypeKeyMismatch        = ProblemBase + "idempotency-key-mismatch"
-	TypeKeyInFlight        = ProblemBase + "idempotency-key-in-flight"
-	TypeKeyQuotaExceeded   = ProblemBase + "idempotency-quota-exceeded"
-	TypeUnauthorized       = ProblemBase + "unauthorized"
+	TypeValidationFailed    = ProblemBase + "validation-failed"
+	TypeMalformedRequest    = ProblemBase + "malformed-request"
+	TypeNotFound            = ProblemBase + "not-found"
+	TypeConflict            = ProblemBase + "conflict"
+	TypePreconditionFailed  = ProblemBase + "precondition-failed"
+	TypeIfMatchRequired     = ProblemBase + "if-match-required"
+	TypeViewBehind          = ProblemBase + "view-behind"
+	TypeKeyMismatch         = ProblemBase + "idempotency-key-mismatch"
+	TypeAmountNotChargeable = ProblemBase + "amount-not-chargeable"
+	TypeKeyInFlight         = ProblemBase + "idempotency-key-in-flight"
+	TypeKeyQuotaExceeded    = ProblemBase + "idempotency-quota-exceeded"
+	TypeUnauthorized        = ProblemBase + "unauthorized"
 )
 
 // Problem is an error answer of the API: an RFC 9457 problem detail, plus

@@ -52,7 +52,18 @@ type Error struct {
 	// with Retry-After and never stored under an Idempotency-Key, so a
 	// retry with the same key runs again.
 	RetryAfter time.Duration
+	// Err, when set, is a sentinel that says more precisely what was
+	// refused (such as ErrAmountNotChargeable); errors.Is finds it.
+	Err error
 }
+
+// Unwrap returns e.Err.
+func (e *Error) Unwrap() error { return e.Err }
+
+// ErrAmountNotChargeable is wrapped by the KindInvalid *Error of Order.Pay
+// for an order whose total no provider charge can be: 0 (nothing to
+// charge), or above MaxChargeAmount.
+var ErrAmountNotChargeable = errors.New("amount not chargeable")
 
 func (e *Error) Error() string {
 	if len(e.Fields) == 0 {

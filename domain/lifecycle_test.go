@@ -321,3 +321,35 @@ func TestUpdate(t *testing.T) {
 		}
 	}
 }
+
+// Pay refuses an order whose total no provider charge can be (0, or above
+// MaxChargeAmount: the provider would refuse the charge and the order would
+// stay payment_pending for good), changing nothing; the bounds pay.
+func TestPayRefusesAnUnchargeableTotal(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 22, 9, 30, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		total int64
+		ok    bool
+	}{
+		{0, false}, {1, true}, {domain.MaxChargeAmount, true}, {domain.MaxChargeAmount + 1, false}, {domain.MaxAmount, false},
+	} {
+		for _, status := range []domain.Status{domain.StatusPending, domain.StatusPaymentFailed} {
+			o := orderIn(t, status)
+			o.Total = tt.total
+			before := o
+			ev, err := o.Pay(domain.DefaultPaymentMethod, now)
+			if tt.ok {
+				if err != nil || ev == nil || o.Status != domain.StatusPaymentPending {
+					t.Fatalf("%s order of %d: pay %v %v, status %s", status, tt.total, ev, err, o.Status)
+				}
+				continue
+			}
+			if !errors.Is(err, domain.ErrAmountNotChargeable) || domain.KindOf(err) != domain.KindInvalid || ev != nil ||
+				o.Status != status || o.Version != before.Version || o.Payment.Attempt != before.Payment.Attempt {
+				t.Fatalf("%s order of %d: pay %v %v, status %s version %d attempt %d; want ErrAmountNotChargeable, nothing changed",
+					status, tt.total, ev, err, o.Status, o.Version, o.Payment.Attempt)
+			}
+		}
+	}
+}

@@ -17,6 +17,14 @@ import (
 // after 9.2 million orders at the maximum.
 const MaxAmount int64 = 1_000_000_000_000
 
+// MaxChargeAmount is the largest amount, in minor units, one provider charge
+// can be: Stripe's limit of eight digits (999,999.99 in a currency with two
+// decimals), which the local provider enforces too. An order may total more
+// (up to MaxAmount), but Order.Pay refuses to ask for its payment (see
+// ErrAmountNotChargeable): the provider would refuse the charge, and the
+// order would wait in payment_pending for an outcome that never comes.
+const MaxChargeAmount int64 = 99_999_999
+
 // iso4217 holds the active ISO 4217 alphabetic codes (list one of the standard,
 // less funds and precious metals).
 var iso4217 = func() map[string]bool {

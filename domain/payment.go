@@ -119,7 +119,9 @@ type RefundOutcome struct {
 // and PaymentRequested carries the intent to the payment worker. Paying an
 // order whose payment is under way or done (payment_pending, paid) changes
 // nothing and returns a nil event; paying a shipped or cancelled order is a
-// KindConflict error.
+// KindConflict error. Paying a pending or payment_failed order whose total
+// is not Chargeable is a KindInvalid error wrapping ErrAmountNotChargeable,
+// and changes nothing.
 func (o *Order) Pay(method string, now time.Time) (Event, error) {
 	if err := ValidatePaymentMethod(method); err != nil {
 		return nil, err
@@ -128,6 +130,15 @@ func (o *Order) Pay(method string, now time.Time) (Event, error) {
 	case StatusPaymentPending, StatusPaid:
 		return nil, nil
 	case StatusPending, StatusPaymentFailed:
+		if !Chargeable(o.Total) {
+			return nil, &Error{
+				Kind: KindInvalid,
+				Message: fmt.Sprintf("order %s totals %d %s: a payment must be 1 to %d (integer minor units), the most one provider charge can be",
+					o.ID, o.Total, o.Currency, MaxChargeAmount),
+				State: string(o.Status),
+				Err:   ErrAmountNotChargeable,
+			}
+		}
 		attempt := o.Payment.Attempt + 1
 		o.Payment = Payment{Attempt: attempt, Key: ChargeKey(o.TenantID, o.ID, attempt), Method: method, RequestedAt: &now}
 		return PaymentRequested{
@@ -137,6 +148,10 @@ func (o *Order) Pay(method string, now time.Time) (Event, error) {
 	}
 	return nil, o.refuse("pay")
 }
+
+// Chargeable reports whether amount (minor units) can be one provider
+// charge: 1 to MaxChargeAmount.
+func Chargeable(amount int64) bool { return amount >= 1 && amount <= MaxChargeAmount }
 
 // RecordCharge records the provider's outcome of charge attempt attempt: a
 // succeeded charge makes the order paid (OrderPaid), a decline makes it

@@ -162,5 +162,11 @@ func refusal(r *http.Request, err error) (command.Response, error) {
 		// Refused for now (a payment settling): said so, never stored.
 		h["Retry-After"], resp.Unstored = p.header.Get("Retry-After"), true
 	}
+	if errors.Is(err, domain.ErrAmountNotChargeable) {
+		// Bad input found only once the order is read: like any other
+		// it writes nothing, not even the key (a retry is refused again:
+		// an order's total never changes).
+		resp.Unstored = true
+	}
 	return resp, nil
 }

@@ -183,3 +183,57 @@ func TestConcurrentPayMakesOneAttempt(t *testing.T) {
 		t.Fatalf("%d payment.requested events (%v), want 1", n, err)
 	}
 }
+
+// An order no provider charge can pay (a total of 0, or above
+// domain.MaxChargeAmount) is refused at pay: 422 amount-not-chargeable,
+// nothing written (not even the key, so a retry is refused again), no
+// payment.requested; the order stays pending. The most a charge can be pays.
+func TestPayOfAnUnchargeableTotalIsRefused(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	body := func(qty, price int64) string {
+		return fmt.Sprintf(`{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":%d,"unit_price":%d}]}`, qty, price)
+	}
+	for _, tt := range []struct {
+		name       string
+		qty, price int64
+		chargeable bool
+		wantTotal  int64
+	}{
+		{"free", 3, 0, false, 0},
+		{"above the charge limit", 2, 50_000_000, false, 100_000_000},
+		{"far above", 10_000, 100_000_000, false, 1_000_000_000_000},
+		{"at the charge limit", 1, domain.MaxChargeAmount, true, domain.MaxChargeAmount},
+	} {
+		created := a.post(t, "create-"+tt.name, body(tt.qty, tt.price))
+		if created.status != 201 {
+			t.Fatalf("%s: create %d %s", tt.name, created.status, created.body)
+		}
+		id := decodeOrder(t, created).ID
+		keys, _, _, events := a.counts(t)
+		for range 2 { // a retry with the same key is refused again
+			r := a.do(t, http.MethodPost, "/v1/orders/"+id+"/pay", map[string]string{"Idempotency-Key": "pay-" + tt.name}, "")
+			if tt.chargeable {
+				if r.status != 202 {
+					t.Fatalf("%s: pay %d %s; want 202", tt.name, r.status, r.body)
+				}
+				break
+			}
+			p := decodeProblem(t, r)
+			if r.status != 422 || !strings.HasSuffix(p.Type, "/amount-not-chargeable") || r.header.Get("Content-Type") != "application/problem+json" ||
+				!strings.Contains(string(r.body), fmt.Sprint(tt.wantTotal)) || !strings.Contains(string(r.body), `"current_status":"pending"`) {
+				t.Fatalf("%s: pay %d %v %s; want 422 amount-not-chargeable naming the total", tt.name, r.status, r.header, r.body)
+			}
+			if k, _, _, e := a.counts(t); k != keys || e != events {
+				t.Fatalf("%s: the refused pay wrote rows: keys %d→%d, outbox %d→%d", tt.name, keys, k, events, e)
+			}
+		}
+		var status string
+		if err := a.db.QueryRow(context.Background(), `SELECT status FROM orders WHERE id = $1`, id).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]string{true: "payment_pending", false: "pending"}[tt.chargeable]; status != want {
+			t.Fatalf("%s: order %s after pay; want %s", tt.name, status, want)
+		}
+	}
+}

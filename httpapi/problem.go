@@ -76,6 +76,10 @@ func problemFor(err error) *Problem {
 			"A request with this Idempotency-Key is still being processed; retry with the same key after Retry-After seconds.")
 		p.header = http.Header{"Retry-After": {"1"}}
 		return p
+	case errors.Is(err, domain.ErrAmountNotChargeable) && errors.As(err, &de):
+		p := problem(http.StatusUnprocessableEntity, "amount-not-chargeable", "Amount not chargeable", de.Message)
+		p.CurrentStatus = de.State
+		return p
 	case errors.As(err, &de):
 		switch de.Kind {
 		case domain.KindInvalid:

@@ -33,6 +33,11 @@ type result struct {
 	timing *Timing
 }
 
+// AmountNotChargeable is the decline code the worker records for an intent
+// whose amount no provider charge can be (0, or above
+// domain.MaxChargeAmount), without calling the provider.
+const AmountNotChargeable = "amount_not_chargeable"
+
 // settle charges or refunds the intent in data for consumer and records
 // the outcome. redelivered says the intent may have reached the provider
 // before: a charge then first looks for the one its key made.
@@ -101,7 +106,7 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 		return result{verdict: dead, err: err}
 	}
 	if req.Attempt < 1 || req.PaymentKey != domain.ChargeKey(env.TenantID, env.AggregateID, req.Attempt) ||
-		req.Amount <= 0 || !domain.ValidCurrency(req.Currency) || req.PaymentMethod == "" {
+		req.Amount < 0 || !domain.ValidCurrency(req.Currency) || req.PaymentMethod == "" {
 		return result{verdict: dead, err: fmt.Errorf("%w: payment.requested %s: attempt %d, key %q, amount %d %q, method %q do not make a charge",
 			domain.ErrMalformedEvent, env.ID, req.Attempt, req.PaymentKey, req.Amount, req.Currency, req.PaymentMethod)}
 	}
@@ -111,7 +116,15 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 		err   error
 		start = time.Now()
 	)
-	if redelivered {
+	if !domain.Chargeable(req.Amount) {
+		// Asked for before pay refused such totals: the provider refuses
+		// it (400, dead-lettered, and again on every retry), which would
+		// leave the order payment_pending with nothing able to move it.
+		// Nothing can be charged: record it as a decline, without a call.
+		ch = payment.Charge{Amount: req.Amount, Currency: req.Currency, Status: payment.ChargeDeclined, DeclineCode: AmountNotChargeable,
+			DeclineReason: fmt.Sprintf("the amount %d must be 1 to %d minor units to be charged", req.Amount, domain.MaxChargeAmount)}
+		found = true
+	} else if redelivered {
 		// The key makes the provider replay its charge for 24 h; a
 		// succeeded charge under it is taken as it is, even later.
 		ch, found, err = w.provider.FindCharge(ctx, req.PaymentKey)

@@ -442,3 +442,48 @@ func TestUnknownPaymentMethodFailsThePaymentAndAnotherPays(t *testing.T) {
 		t.Fatalf("stats %+v, want one decline, one success, no dead letter", s)
 	}
 }
+
+// An intent for an amount no provider charge can be (queued before pay
+// refused such totals: 0, or above domain.MaxChargeAmount, which the
+// provider refuses with a 400) fails the payment as a business outcome,
+// without a provider call, instead of being dead-lettered, which left the
+// order payment_pending for good (cancel 409, pay a no-op). Paying it again
+// is then refused (domain.ErrAmountNotChargeable).
+func TestUnchargeableAmountQueuedBeforeTheCheckFailsThePayment(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	w, _ := r.start(t, settle.Config{})
+	for _, amount := range []int64{0, domain.MaxChargeAmount + 1, domain.MaxAmount} {
+		id := r.order(t)
+		r.pay(t, id, domain.DefaultPaymentMethod)
+		// As if the order and its intent had been written without the check.
+		if _, err := r.db.Exec(context.Background(), `
+WITH o AS (UPDATE orders SET total = $2 WHERE id = $1)
+UPDATE outbox SET payload = jsonb_set(payload, '{data,amount}', to_jsonb($2::bigint))
+WHERE aggregate_id = $1 AND event_type = 'payment.requested'`, id, amount); err != nil {
+			t.Fatal(err)
+		}
+		r.publish(t, id, domain.TypePaymentRequested, 0)
+		r.waitStatus(t, id, "payment_failed", 15*time.Second)
+		var code string
+		if err := r.db.QueryRow(context.Background(), `SELECT payment->>'decline_code' FROM orders WHERE id = $1`, id).Scan(&code); err != nil {
+			t.Fatal(err)
+		}
+		if code != settle.AmountNotChargeable {
+			t.Fatalf("amount %d: decline code %q, want %s", amount, code, settle.AmountNotChargeable)
+		}
+		err := postgres.InTx(context.Background(), r.db, func(tx pgx.Tx) error {
+			_, err := command.NewPayOrderHandler().Handle(context.Background(), tx, command.PayOrder{TenantID: r.tenant, OrderID: id, PaymentMethod: domain.DefaultPaymentMethod})
+			return err
+		})
+		if !errors.Is(err, domain.ErrAmountNotChargeable) {
+			t.Fatalf("amount %d: pay again: %v, want ErrAmountNotChargeable", amount, err)
+		}
+	}
+	if l := fakepsptest.Ledger(t, r.psp); len(l.Charges) != 0 {
+		t.Fatalf("the provider was asked to charge: %+v", l.Charges)
+	}
+	if s := w.Stats(); s.ChargeDeadLettered != 0 || s.ChargesDeclined != 3 {
+		t.Fatalf("stats %+v, want three declines, no dead letter", s)
+	}
+}

@@ -46,6 +46,11 @@ func (w *Worker) settle(ctx context.Context, consumer string, data []byte, redel
 	if err != nil {
 		return result{verdict: dead, err: err}
 	}
+	return w.settleEnvelope(ctx, consumer, env, redelivered)
+}
+
+// settleEnvelope is settle for the decoded intent env.
+func (w *Worker) settleEnvelope(ctx context.Context, consumer string, env domain.Envelope, redelivered bool) result {
 	recorded, err := w.recorded(ctx, consumer, env.ID)
 	if err != nil {
 		return result{verdict: retry, err: err}

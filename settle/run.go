@@ -123,6 +123,7 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 	stopTimer := context.AfterFunc(ctx, func() { time.AfterFunc(w.cfg.ShutdownTimeout, cancelWork) })
 	defer stopTimer()
 
+	slots, fails := newTenantSlots(w.cfg.tenantLimit()), newFailures(w.cfg.failureTTL())
 	var wg sync.WaitGroup
 	for range w.cfg.Concurrency {
 		wg.Go(func() {
@@ -131,7 +132,7 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 				case <-ctx.Done():
 					return
 				case m := <-msgs:
-					w.process(work, name, m)
+					w.process(work, name, slots, fails, m)
 				}
 			}
 		})
@@ -141,18 +142,38 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 }
 
 // process settles one delivered intent and acks, naks or terminates it.
-func (w *Worker) process(ctx context.Context, consumer string, m jetstream.Msg) {
+// An intent whose tenant holds its share of slots is deferred (see
+// Config.TenantShare) instead; a transient failure is retried until fails
+// counts Config.MaxDeliver of them.
+func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlots, fails *failures, m jetstream.Msg) {
 	var delivered uint64 = 1
 	var seq uint64
 	if md, err := m.Metadata(); err == nil {
 		delivered, seq = md.NumDelivered, md.Sequence.Stream
 	}
+	env, err := domain.DecodeEnvelope(m.Data())
+	if err == nil {
+		if !slots.acquire(env.TenantID) {
+			// Not a failure: nothing was tried. The tenant's own intents
+			// in hand finish first; the others' go on meanwhile.
+			w.stats.deferred.Add(1)
+			if err := m.NakWithDelay(w.cfg.DeferDelay); err != nil {
+				w.logger.WarnContext(ctx, "nak deferred intent (it will be redelivered after the ack wait)", "consumer", consumer, "stream_seq", seq, "err", err)
+			}
+			return
+		}
+		defer slots.release(env.TenantID)
+	}
 	ctx, span := traceIntent(ctx, consumer, m)
 	defer span.End()
-	r := w.settle(ctx, consumer, m.Data(), delivered > 1)
+	r := result{verdict: dead, err: err}
+	if err == nil {
+		r = w.settleEnvelope(ctx, consumer, env, delivered > 1)
+	}
 	tracing.Fail(span, r.err)
 	switch r.verdict {
 	case done:
+		fails.forget(seq)
 		if r.timing != nil && w.cfg.Observe != nil {
 			w.cfg.Observe(consumer, *r.timing)
 		}
@@ -162,16 +183,20 @@ func (w *Worker) process(ctx context.Context, consumer string, m jetstream.Msg) 
 	case abandon:
 		w.logger.WarnContext(ctx, "intent abandoned before recording; it will be redelivered after the ack wait", "consumer", consumer, "stream_seq", seq, "err", r.err)
 	case retry:
-		if int(delivered) < w.cfg.MaxDeliver {
-			delay := w.backoff(delivered)
+		failed := int(delivered) // without a sequence, every delivery counts
+		if seq != 0 {
+			failed = fails.add(seq, time.Now())
+		}
+		if failed < w.cfg.MaxDeliver {
+			delay := w.backoff(uint64(failed))
 			w.logger.WarnContext(ctx, "intent failed; retrying with the same key", "consumer", consumer, "stream_seq", seq,
-				"delivery", delivered, "retry_in", delay, "err", r.err)
+				"delivery", delivered, "failures", failed, "retry_in", delay, "err", r.err)
 			if err := m.NakWithDelay(delay); err != nil {
 				w.logger.WarnContext(ctx, "nak (the intent will be redelivered after the ack wait)", "consumer", consumer, "err", err)
 			}
 			return
 		}
-		r.err = fmt.Errorf("still failing after %d deliveries: %w", delivered, r.err)
+		r.err = fmt.Errorf("still failing after %d failed deliveries: %w", failed, r.err)
 		fallthrough
 	case dead:
 		if err := w.deadLetter(ctx, consumer, m.Subject(), m.Data(), seq, delivered, r.err); err != nil {
@@ -179,6 +204,7 @@ func (w *Worker) process(ctx context.Context, consumer string, m jetstream.Msg) 
 			_ = m.NakWithDelay(w.backoff(delivered))
 			return
 		}
+		fails.forget(seq)
 		w.stats.deadLettered(consumer)
 		w.logger.ErrorContext(ctx, "intent dead-lettered", "consumer", consumer, "stream_seq", seq, "err", r.err)
 		if err := m.Term(); err != nil {

@@ -70,6 +70,15 @@ const (
 	// DefaultMaxAckPending is each consumer's in-flight window: intents
 	// delivered and not yet acked, including those waiting out a backoff.
 	DefaultMaxAckPending = 1000
+	// DefaultTenantShare is the most of a consumer's Concurrency one tenant
+	// may hold at once in this process (16 of the default 32 slots): a
+	// tenant whose provider calls hang leaves the other half of the slots
+	// to every other tenant, and a single busy tenant still settles with
+	// 16 at once.
+	DefaultTenantShare = 0.5
+	// DefaultDeferDelay is how long an intent deferred past its tenant's
+	// share waits before it is delivered again.
+	DefaultDeferDelay = time.Second
 	// DefaultShutdownTimeout bounds how long Run waits, once its context
 	// ends, for the intents in hand to be charged, recorded and acked.
 	DefaultShutdownTimeout = 30 * time.Second
@@ -84,7 +93,9 @@ type Config struct {
 	// (DefaultAckWait; at least 1 s).
 	AckWait time.Duration
 	// MaxDeliver: dead-letter an intent after this many failed deliveries
-	// (DefaultMaxDeliver).
+	// (DefaultMaxDeliver), counted by this process (see failures):
+	// deliveries that were deferred past the tenant's share are not
+	// failures.
 	MaxDeliver int
 	// MinBackoff and MaxBackoff bound the redelivery delay after a
 	// transient failure (DefaultMinBackoff, DefaultMaxBackoff).
@@ -95,6 +106,16 @@ type Config struct {
 	// ShutdownTimeout bounds the wait for intents in hand on stop
 	// (DefaultShutdownTimeout).
 	ShutdownTimeout time.Duration
+	// TenantShare is the most of Concurrency (at least one slot) that one
+	// tenant's intents may hold at once, per consumer, in this process;
+	// in (0, 1], default DefaultTenantShare. An intent of a tenant at its
+	// share is deferred: handed back (Nak) for DeferDelay, which does not
+	// count as a failed delivery, so that other tenants are served while
+	// its provider calls are slow.
+	TenantShare float64
+	// DeferDelay is how long a deferred intent waits before it is
+	// delivered again (DefaultDeferDelay; at least 10 ms).
+	DeferDelay time.Duration
 	// StreamReplicas is the replication of the stream (if this process
 	// creates it) and of the consumers (1 when 0).
 	StreamReplicas int
@@ -157,6 +178,12 @@ func (c *Config) setDefaults() error {
 	if c.StreamReplicas == 0 {
 		c.StreamReplicas = 1
 	}
+	if c.TenantShare == 0 {
+		c.TenantShare = DefaultTenantShare
+	}
+	if c.DeferDelay == 0 {
+		c.DeferDelay = DefaultDeferDelay
+	}
 	switch {
 	case c.Concurrency < 1 || c.Concurrency > 256:
 		return fmt.Errorf("settle: Config.Concurrency must be 1 to 256, got %d", c.Concurrency)
@@ -172,8 +199,24 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("settle: Config.ShutdownTimeout must not be negative, got %s", c.ShutdownTimeout)
 	case c.StreamReplicas < 1 || c.StreamReplicas > 5:
 		return fmt.Errorf("settle: Config.StreamReplicas must be 1 to 5, got %d", c.StreamReplicas)
+	case !(c.TenantShare > 0 && c.TenantShare <= 1):
+		return fmt.Errorf("settle: Config.TenantShare must be in (0, 1], got %v", c.TenantShare)
+	case c.DeferDelay < 10*time.Millisecond:
+		return fmt.Errorf("settle: Config.DeferDelay must be at least 10ms, got %s", c.DeferDelay)
 	}
 	return nil
+}
+
+// tenantLimit is how many intents of one consumer one tenant may hold at
+// once in this process: TenantShare of Concurrency, at least one.
+func (c Config) tenantLimit() int {
+	return max(1, int(c.TenantShare*float64(c.Concurrency)))
+}
+
+// failureTTL is how long a message's failure count is kept unseen: longer
+// than it can be away between two deliveries to this process.
+func (c Config) failureTTL() time.Duration {
+	return 2 * (c.MaxBackoff + c.AckWait + c.DeferDelay)
 }
 
 // Worker settles payment and refund intents. Create it with New; Run

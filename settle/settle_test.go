@@ -3,6 +3,8 @@ package settle_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,7 +32,7 @@ type rig struct {
 	db       *pgxpool.Pool
 	js       jetstream.JetStream
 	psp      *fakepsp.Server
-	provider *payment.Stripe
+	provider settle.Provider
 	pspURL   string
 	tenant   string
 }
@@ -485,5 +487,107 @@ WHERE aggregate_id = $1 AND event_type = 'payment.requested'`, id, amount); err 
 	}
 	if s := w.Stats(); s.ChargeDeadLettered != 0 || s.ChargesDeclined != 3 {
 		t.Fatalf("stats %+v, want three declines, no dead letter", s)
+	}
+}
+
+// slowFor is a provider whose charges of one tenant hang until release.
+type slowFor struct {
+	settle.Provider
+	tenant  string
+	release chan struct{}
+	blocked atomic.Int64 // charges of tenant that were held
+	// failOnce, when set, fails the first charge of each key of tenant
+	// (after its release) with a transient error, nothing charged.
+	failOnce bool
+	failed   sync.Map // idempotency keys failed once
+}
+
+func (s *slowFor) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
+	if r.Metadata["tenant_id"] == s.tenant {
+		s.blocked.Add(1)
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return payment.Charge{}, fmt.Errorf("%w: %v", payment.ErrTransient, ctx.Err())
+		}
+		if _, again := s.failed.LoadOrStore(r.IdempotencyKey, true); s.failOnce && !again {
+			return payment.Charge{}, fmt.Errorf("%w: the provider is busy", payment.ErrTransient)
+		}
+	}
+	return s.Provider.Charge(ctx, r)
+}
+
+// G9: a tenant whose provider calls hang holds at most its share of the
+// worker's slots; the excess is deferred, so another tenant's payment is
+// made meanwhile (all 32 slots used to sit in the slow tenant's calls).
+// Deferring is not failing: with MaxDeliver 2, the slow tenant's intents,
+// each deferred many times and then failing once (transiently) when its
+// provider answers again, are retried rather than dead-lettered, and every
+// one of its orders is paid, with one charge each.
+func TestSlowTenantHoldsOnlyItsShareOfTheSlots(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	slow := &slowFor{Provider: r.provider, tenant: "slowco", release: make(chan struct{}), failOnce: true}
+	r.provider = slow
+	const deferDelay = 50 * time.Millisecond
+	w, _ := r.start(t, settle.Config{MaxDeliver: 2, DeferDelay: deferDelay})
+	var once sync.Once
+	release := func() { once.Do(func() { close(slow.release) }) }
+	t.Cleanup(release) // before the worker stops (cleanups run last first)
+
+	r.tenant = "slowco"
+	slowOrders := make([]uuid.UUID, settle.DefaultConcurrency+8)
+	for i := range slowOrders {
+		slowOrders[i] = r.order(t)
+		r.pay(t, slowOrders[i], domain.DefaultPaymentMethod)
+		r.publish(t, slowOrders[i], domain.TypePaymentRequested, 0)
+	}
+	share := int64(settle.DefaultTenantShare * settle.DefaultConcurrency)
+	testenv.Eventually(t, 15*time.Second, "slowco holding its share of the slots", func() bool { return slow.blocked.Load() >= share })
+
+	r.tenant = "acme"
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 5*time.Second)
+	r.assertOneCharge(t, id)
+
+	// Let the excess be deferred many times over before the calls end.
+	testenv.Eventually(t, 15*time.Second, "slowco's excess deferred again and again", func() bool {
+		return w.Stats().Deferred >= 5*int64(len(slowOrders))
+	})
+	if n := slow.blocked.Load(); n != share {
+		t.Fatalf("slowco has %d charges in the provider, want its share %d", n, share)
+	}
+	release()
+	for _, o := range slowOrders {
+		r.waitStatus(t, o, "paid", 30*time.Second)
+		r.assertOneCharge(t, o)
+	}
+	dls, err := settle.ListDeadLetters(context.Background(), r.db, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := w.Stats(); len(dls) != 0 || s.ChargeDeadLettered != 0 || s.ChargesSucceeded != int64(len(slowOrders))+1 {
+		t.Fatalf("stats %+v, dead letters %+v: want every order charged once, none dead-lettered", s, dls)
+	}
+}
+
+func TestConfigValidateTenantShare(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		cfg     settle.Config
+		wantErr string
+	}{
+		{settle.Config{}, ""},
+		{settle.Config{TenantShare: 1, DeferDelay: 10 * time.Millisecond}, ""},
+		{settle.Config{TenantShare: -0.1}, "TenantShare"},
+		{settle.Config{TenantShare: 1.5}, "TenantShare"},
+		{settle.Config{DeferDelay: time.Millisecond}, "DeferDelay"},
+	} {
+		err := tt.cfg.Validate()
+		if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("Validate(%+v) = %v, want an error naming %q", tt.cfg, err, tt.wantErr)
+		}
 	}
 }

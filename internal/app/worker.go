@@ -80,6 +80,8 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	concurrency := env.Int(fs, "concurrency", "WORKER_CONCURRENCY", settle.DefaultConcurrency, "intents of each kind settled at once in this process")
 	ackWait := env.Duration(fs, "ack-wait", "WORKER_ACK_WAIT", settle.DefaultAckWait, "redeliver an intent after this long without an ack")
 	maxDeliver := env.Int(fs, "max-deliver", "WORKER_MAX_DELIVER", settle.DefaultMaxDeliver, "dead-letter an intent after this many failed deliveries")
+	tenantShare := env.Int(fs, "tenant-share-percent", "WORKER_TENANT_SHARE_PERCENT", int(settle.DefaultTenantShare*100),
+		"most of -concurrency (percent, at least one slot) one tenant's intents hold at once; its excess is deferred")
 	replicas := env.Int(fs, "stream-replicas", "STREAM_REPLICAS", stream.DefaultReplicas, "replicas of the JetStream stream and consumers (3 on a cluster)")
 	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", DefaultWorkerPoolSize, "most PostgreSQL connections of this process")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
@@ -125,10 +127,13 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	if *crashAfter < 0 {
 		return fmt.Errorf("-test-crash-after-provider-calls must not be negative, got %d", *crashAfter)
 	}
+	if *tenantShare < 1 || *tenantShare > 100 {
+		return fmt.Errorf("-tenant-share-percent must be 1 to 100, got %d", *tenantShare)
+	}
 	cfg := settle.Config{Concurrency: *concurrency, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas,
-		AfterProviderCall: crashAfterProviderCalls(*crashAfter, killSelf)}
+		TenantShare: float64(*tenantShare) / 100, AfterProviderCall: crashAfterProviderCalls(*crashAfter, killSelf)}
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("-concurrency, -ack-wait, -max-deliver, -stream-replicas: %w", err)
+		return fmt.Errorf("-concurrency, -ack-wait, -max-deliver, -stream-replicas, -tenant-share-percent: %w", err)
 	}
 
 	pool, err := openDB(ctx, *databaseURL, *poolSize, sub != "", logger)
@@ -341,6 +346,8 @@ func workerMetrics(w *settle.Worker) []metrics.Metric {
 			Read: kinds(func(s settle.Stats) (int64, int64) { return s.ChargeDeadLettered, s.RefundDeadLettered })},
 		{Name: "payment_duplicates_skipped_total", Help: "deliveries of intents found already recorded (most before the provider call; a racing copy after it, its answer the same charge by key)", Counter: true,
 			Read: metrics.One(func() int64 { return w.Stats().Duplicates })},
+		{Name: "payment_deferred_total", Help: "deliveries handed back (not failures) because their tenant held its share of this process's slots", Counter: true,
+			Read: metrics.One(func() int64 { return w.Stats().Deferred })},
 	}
 }
 

@@ -388,6 +388,71 @@ WHERE metadata @> $1 AND ($2 = '' OR status = $2) ORDER BY created_at DESC, id D
 	jsonResponse(http.StatusOK, res).write(w, requestID)
 }
 
+// refundColumns are a LedgerRefund's, of refunds r joined with their
+// payment_intents pi.
+const refundColumns = `r.id, r.idempotency_key, r.payment_intent_id, pi.charge_id, r.amount, r.currency,
+       r.status, r.failure_reason, r.metadata, r.created_at`
+
+// listRefunds answers Stripe's GET /v1/refunds: the refunds, newest first,
+// of one PaymentIntent (payment_intent) or of all, limit (1 to 100,
+// default 10) at a time, the next page starting_after the last id of the
+// one before.
+func (s *Server) listRefunds(w http.ResponseWriter, r *http.Request) {
+	requestID := newID("req")
+	q := r.URL.Query()
+	for name := range q {
+		switch name {
+		case "payment_intent", "limit", "starting_after":
+		default:
+			invalidRequest(http.StatusBadRequest, "parameter_unknown", name, "This fake lists refunds only by payment_intent, limit and starting_after; received: "+name).write(w, requestID)
+			return
+		}
+	}
+	limit := 10
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			invalidRequest(http.StatusBadRequest, "parameter_invalid_integer", "limit", "limit must be 1 to 100").write(w, requestID)
+			return
+		}
+		limit = n
+	}
+	after := q.Get("starting_after")
+	if after != "" {
+		var exists bool
+		if err := s.pool.QueryRow(r.Context(), `SELECT EXISTS (SELECT 1 FROM refunds WHERE id = $1)`, after).Scan(&exists); err != nil {
+			s.internalError(w, r, requestID, fmt.Errorf("list refunds: %w", err))
+			return
+		}
+		if !exists {
+			invalidRequest(http.StatusBadRequest, "resource_missing", "starting_after", "No such refund: '"+after+"'").write(w, requestID)
+			return
+		}
+	}
+	rows, err := s.pool.Query(r.Context(), `SELECT `+refundColumns+`
+FROM refunds r JOIN payment_intents pi ON pi.id = r.payment_intent_id
+WHERE ($1 = '' OR r.payment_intent_id = $1)
+  AND ($2 = '' OR (r.created_at, r.id) < (SELECT created_at, id FROM refunds WHERE id = $2))
+ORDER BY r.created_at DESC, r.id DESC LIMIT $3`, q.Get("payment_intent"), after, limit+1)
+	if err != nil {
+		s.internalError(w, r, requestID, fmt.Errorf("list refunds: %w", err))
+		return
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowToStructByName[LedgerRefund])
+	if err != nil {
+		s.internalError(w, r, requestID, fmt.Errorf("list refunds: %w", err))
+		return
+	}
+	res := refundList{Object: "list", Data: []*refund{}, URL: "/v1/refunds"}
+	if len(found) > limit {
+		found, res.HasMore = found[:limit], true
+	}
+	for _, rf := range found {
+		res.Data = append(res.Data, rf.wire())
+	}
+	jsonResponse(http.StatusOK, res).write(w, requestID)
+}
+
 // Ledger is the answer of GET /_ledger: every PaymentIntent ("charge") and
 // Refund ever made, oldest first, with the idempotency key that made it.
 type Ledger struct {
@@ -405,8 +470,7 @@ func (s *Server) ReadLedger(ctx context.Context) (Ledger, error) {
 	if err != nil {
 		return Ledger{}, fmt.Errorf("list payment intents: %w", err)
 	}
-	rows, err = s.pool.Query(ctx, `SELECT r.id, r.idempotency_key, r.payment_intent_id, pi.charge_id, r.amount, r.currency,
-       r.status, r.failure_reason, r.metadata, r.created_at
+	rows, err = s.pool.Query(ctx, `SELECT `+refundColumns+`
 FROM refunds r JOIN payment_intents pi ON pi.id = r.payment_intent_id ORDER BY r.created_at, r.id`)
 	if err != nil {
 		return Ledger{}, fmt.Errorf("list refunds: %w", err)

@@ -132,6 +132,7 @@ func (s *Server) routes() http.Handler {
 		r.Get("/payment_intents/search", s.searchPaymentIntents)
 		r.Get("/payment_intents/{id}", s.retrievePaymentIntent)
 		r.Post("/refunds", s.keyed(s.createRefund))
+		r.Get("/refunds", s.listRefunds)
 	})
 	r.Get("/_ledger", s.ledger)
 	r.Get("/_admin/faults", s.getFaults)

@@ -50,6 +50,14 @@ type searchResult struct {
 	URL      string           `json:"url"`
 }
 
+// refundList is Stripe's envelope of a list of Refunds.
+type refundList struct {
+	Object  string    `json:"object"`
+	Data    []*refund `json:"data"`
+	HasMore bool      `json:"has_more"`
+	URL     string    `json:"url"`
+}
+
 // stripeError is the body of Stripe's {"error": {...}} and of a
 // PaymentIntent's last_payment_error.
 type stripeError struct {

@@ -181,7 +181,52 @@ func (s *Stripe) Refund(ctx context.Context, r RefundRequest) (Refund, error) {
 	if err != nil {
 		return Refund{}, classify("create refund", err)
 	}
-	out := Refund{ID: re.ID, ChargeID: r.ChargeID, Amount: re.Amount, Currency: strings.ToUpper(string(re.Currency)),
+	return refundOf(re, r.ChargeID)
+}
+
+// FindRefund looks up the refund of charge chargeID made with
+// idempotencyKey (through the metadata Refund stores: it lists the
+// refunds of the PaymentIntent), for reconciliation after the provider
+// forgot the key: found is false when there is none. A refund not settled
+// yet is an ErrTransient error, like Refund's; errors wrap ErrTransient or
+// ErrPermanent.
+func (s *Stripe) FindRefund(ctx context.Context, chargeID, idempotencyKey string) (Refund, bool, error) {
+	if err := validKey(idempotencyKey); err != nil {
+		return Refund{}, false, err
+	}
+	if chargeID == "" {
+		return Refund{}, false, fmt.Errorf("%w: find refund needs a charge id", ErrPermanent)
+	}
+	params := &stripe.RefundListParams{PaymentIntent: stripe.String(chargeID)}
+	params.Limit = stripe.Int64(100)
+	var (
+		best  *stripe.Refund
+		found bool
+	)
+	for re, err := range s.client.V1Refunds.List(ctx, params) {
+		if err != nil {
+			return Refund{}, false, classify("list refunds", err)
+		}
+		if re.Metadata[MetadataIdempotencyKey] != idempotencyKey {
+			continue
+		}
+		// One key makes one refund within 24 h; if it was reused after
+		// that, a succeeded one is what matters.
+		if !found || re.Status == stripe.RefundStatusSucceeded && best.Status != stripe.RefundStatusSucceeded {
+			best, found = re, true
+		}
+	}
+	if !found {
+		return Refund{}, false, nil
+	}
+	out, err := refundOf(best, chargeID)
+	return out, err == nil, err
+}
+
+// refundOf maps a Refund of charge chargeID; one not settled yet is an
+// ErrTransient error.
+func refundOf(re *stripe.Refund, chargeID string) (Refund, error) {
+	out := Refund{ID: re.ID, ChargeID: chargeID, Amount: re.Amount, Currency: strings.ToUpper(string(re.Currency)),
 		Status: RefundSucceeded, FailureReason: string(re.FailureReason)}
 	if re.PaymentIntent != nil && re.PaymentIntent.ID != "" {
 		out.ChargeID = re.PaymentIntent.ID

@@ -2,6 +2,7 @@ package payment_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -395,4 +396,51 @@ func TestNewStripeValidates(t *testing.T) {
 	}
 	_, err := payment.NewStripe(payment.Config{SecretKey: "sk_test_x"})
 	require.NoError(t, err)
+}
+
+// FindRefund finds a refund of a charge by the key that made it, through
+// the list of the PaymentIntent's refunds (paged: more than one page of
+// refunds), whatever it came to; a key that made none is not found, nor is
+// a refund of another charge.
+func TestFindRefundByKey(t *testing.T) {
+	t.Parallel()
+	_, s := start(t, payment.Config{})
+	ctx := context.Background()
+	big := chargeReq("dev:order:o1:charge:1")
+	big.Amount = 100_000
+	c, err := s.Charge(ctx, big)
+	require.NoError(t, err)
+	var made []payment.Refund
+	for i := range 105 { // more than one page of 100
+		rf, err := s.Refund(ctx, payment.RefundRequest{IdempotencyKey: fmt.Sprintf("dev:order:o1:refund:%d", i+1), ChargeID: c.ID, Amount: int64(i + 1)})
+		require.NoError(t, err)
+		made = append(made, rf)
+	}
+	other, err := s.Charge(ctx, chargeReq("dev:order:o2:charge:1"))
+	require.NoError(t, err)
+	for _, i := range []int{0, 50, 104} {
+		got, ok, err := s.FindRefund(ctx, c.ID, fmt.Sprintf("dev:order:o1:refund:%d", i+1))
+		require.NoError(t, err)
+		require.True(t, ok, "refund %d", i+1)
+		require.Equal(t, made[i], got)
+	}
+	_, ok, err := s.FindRefund(ctx, c.ID, "dev:order:o1:refund:200")
+	require.NoError(t, err)
+	require.False(t, ok)
+	_, ok, err = s.FindRefund(ctx, other.ID, "dev:order:o1:refund:1")
+	require.NoError(t, err)
+	require.False(t, ok)
+
+	// A failed refund is found as failed.
+	f := chargeReq("dev:order:o3:charge:1")
+	f.PaymentMethod = "pm_card_refundFail"
+	fc, err := s.Charge(ctx, f)
+	require.NoError(t, err)
+	failed, err := s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "dev:order:o3:refund:1", ChargeID: fc.ID, Amount: 1250})
+	require.NoError(t, err)
+	got, ok, err := s.FindRefund(ctx, fc.ID, "dev:order:o3:refund:1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, payment.RefundFailed, got.Status)
+	require.Equal(t, failed, got)
 }

@@ -40,7 +40,7 @@ const AmountNotChargeable = "amount_not_chargeable"
 
 // settle charges or refunds the intent in data for consumer and records
 // the outcome. redelivered says the intent may have reached the provider
-// before: a charge then first looks for the one its key made.
+// before: a charge or refund then first looks for the one its key made.
 func (w *Worker) settle(ctx context.Context, consumer string, data []byte, redelivered bool) result {
 	env, err := domain.DecodeEnvelope(data)
 	if err != nil {
@@ -63,7 +63,7 @@ func (w *Worker) settleEnvelope(ctx context.Context, consumer string, env domain
 	case consumer == ChargeConsumer && env.Type == domain.TypePaymentRequested:
 		return w.charge(ctx, env, redelivered)
 	case consumer == RefundConsumer && env.Type == domain.TypeRefundRequested:
-		return w.refund(ctx, env)
+		return w.refund(ctx, env, redelivered)
 	}
 	return result{verdict: dead, err: fmt.Errorf("%w: consumer %s cannot settle a %s event", domain.ErrMalformedEvent, consumer, env.Type)}
 }
@@ -177,7 +177,7 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 	return recordedNow(env, timing, start)
 }
 
-func (w *Worker) refund(ctx context.Context, env domain.Envelope) result {
+func (w *Worker) refund(ctx context.Context, env domain.Envelope, redelivered bool) result {
 	var req domain.RefundRequested
 	if err := env.Decode(&req); err != nil {
 		return result{verdict: dead, err: err}
@@ -187,13 +187,31 @@ func (w *Worker) refund(ctx context.Context, env domain.Envelope) result {
 		return result{verdict: dead, err: fmt.Errorf("%w: refund.requested %s: attempt %d, key %q, amount %d %q, charge %q do not make a refund",
 			domain.ErrMalformedEvent, env.ID, req.Attempt, req.RefundKey, req.Amount, req.Currency, req.ChargeID)}
 	}
-	start := time.Now()
-	rctx, span := tracing.StartChild(ctx, "refund", trace.WithSpanKind(trace.SpanKindClient))
-	rf, err := w.provider.Refund(rctx, payment.RefundRequest{IdempotencyKey: req.RefundKey, ChargeID: req.ChargeID, Amount: req.Amount})
-	tracing.Fail(span, err)
-	span.End()
-	if err != nil {
-		return w.providerResult(RefundConsumer, fmt.Errorf("refund %s: %w", req.RefundKey, err))
+	var (
+		rf    payment.Refund
+		found bool
+		err   error
+		start = time.Now()
+	)
+	if redelivered {
+		// As for a charge: once the provider forgot the key (24 h), the
+		// same key would refund anew, and be refused (the charge is
+		// refunded already), so the refund it made is looked up first.
+		rf, found, err = w.provider.FindRefund(ctx, req.ChargeID, req.RefundKey)
+		if err != nil {
+			return w.providerResult(RefundConsumer, fmt.Errorf("find refund %s: %w", req.RefundKey, err))
+		}
+		found = found && rf.Status == payment.RefundSucceeded
+	}
+	if !found {
+		rctx, span := tracing.StartChild(ctx, "refund", trace.WithSpanKind(trace.SpanKindClient))
+		start = time.Now() // the refund, not the look-up that found none
+		rf, err = w.provider.Refund(rctx, payment.RefundRequest{IdempotencyKey: req.RefundKey, ChargeID: req.ChargeID, Amount: req.Amount})
+		tracing.Fail(span, err)
+		span.End()
+		if err != nil {
+			return w.providerResult(RefundConsumer, fmt.Errorf("refund %s: %w", req.RefundKey, err))
+		}
 	}
 	timing := Timing{Provider: time.Since(start)}
 	if err := w.afterProviderCall(ctx, RefundConsumer, env.ID); err != nil {

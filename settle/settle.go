@@ -34,6 +34,7 @@ type Provider interface {
 	Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error)
 	Refund(ctx context.Context, r payment.RefundRequest) (payment.Refund, error)
 	FindCharge(ctx context.Context, idempotencyKey string) (payment.Charge, bool, error)
+	FindRefund(ctx context.Context, chargeID, idempotencyKey string) (payment.Refund, bool, error)
 }
 
 var _ Provider = (*payment.Stripe)(nil)

@@ -39,7 +39,13 @@ type rig struct {
 
 func newRig(t *testing.T, faults fakepsp.Faults) *rig {
 	t.Helper()
-	psp, hs := fakepsptest.Start(t, fakepsptest.DatabaseURL(t), fakepsp.Config{Faults: faults})
+	return newRigWith(t, fakepsp.Config{Faults: faults})
+}
+
+// newRigWith is newRig with a provider configured by cfg.
+func newRigWith(t *testing.T, cfg fakepsp.Config) *rig {
+	t.Helper()
+	psp, hs := fakepsptest.Start(t, fakepsptest.DatabaseURL(t), cfg)
 	provider, err := payment.NewStripe(payment.Config{BaseURL: hs.URL, SecretKey: fakepsptest.SecretKey, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -589,5 +595,60 @@ func TestConfigValidateTenantShare(t *testing.T) {
 		if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
 			t.Errorf("Validate(%+v) = %v, want an error naming %q", tt.cfg, err, tt.wantErr)
 		}
+	}
+}
+
+// G8: a refund whose answers were lost until it was dead-lettered, retried
+// after the provider forgot its key, is found by its key and recorded,
+// not refunded anew (which the provider refuses, charge_already_refunded,
+// a permanent error: the order's refund stayed pending for good while the
+// provider's ledger held a succeeded refund).
+func TestRefundDeadLetteredThenRetriedAfterTheKeyExpiredIsRecordedOnce(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, fakepsp.Config{KeyTTL: time.Second})
+	w, _ := r.start(t, settle.Config{MaxDeliver: 2})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+
+	// Every answer of two deliveries (three attempts each) is lost.
+	if err := r.psp.SetFaults(fakepsp.Faults{LoseNext: 6}); err != nil {
+		t.Fatal(err)
+	}
+	r.cancel(t, id)
+	r.publish(t, id, domain.TypeRefundRequested, 0)
+	var dls []settle.DeadLetter
+	testenv.Eventually(t, 30*time.Second, "the refund dead-lettered", func() bool {
+		var err error
+		if dls, err = settle.ListDeadLetters(context.Background(), r.db, false); err != nil {
+			t.Fatal(err)
+		}
+		return len(dls) == 1
+	})
+	if err := r.psp.SetFaults(fakepsp.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, rf, _ := r.get(t, id); rf != "pending" {
+		t.Fatalf("refund %s before the retry, want pending", rf)
+	}
+	time.Sleep(1500 * time.Millisecond) // the provider forgets the key
+
+	if err := w.RetryDeadLetter(context.Background(), dls[0].ID); err != nil {
+		t.Fatalf("retry the dead letter: %v", err)
+	}
+	if _, rf, _ := r.get(t, id); rf != "succeeded" {
+		t.Fatalf("refund %s after the retry, want succeeded", rf)
+	}
+	l := fakepsptest.Ledger(t, r.psp)
+	if len(l.Refunds) != 1 || l.Refunds[0].Status != "succeeded" || l.Refunds[0].Amount != 2500 {
+		t.Fatalf("refunds at the provider: %+v, want one of 2500", l.Refunds)
+	}
+	var rows int
+	if err := r.db.QueryRow(context.Background(), `SELECT count(*) FROM payments WHERE order_id = $1 AND kind = 'refund' AND status = 'succeeded'`, id).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 {
+		t.Fatalf("%d succeeded refund rows in payments, want 1", rows)
 	}
 }

@@ -52,6 +52,44 @@ func TestDuplicateAndCaseVariantKeysAreRefused(t *testing.T) {
 	}
 }
 
+// A body that is present is a JSON object: null (which encoding/json takes
+// as an object with nothing to change) is 400 on every route, and a pay or
+// ship with it used to run (202 and a payment attempt recorded); a create
+// got 422. An absent body is still no body where the body is optional.
+func TestBodiesThatAreNotObjectsAreRefused(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	order := "/v1/orders/" + id
+	for _, tt := range []struct {
+		name, method, path, body string
+	}{
+		{"create null", "POST", "/v1/orders", `null`},
+		{"create null with spaces", "POST", "/v1/orders", " \n null \t"},
+		{"create string", "POST", "/v1/orders", `"{}"`},
+		{"create array", "POST", "/v1/orders", `[` + validBody + `]`},
+		{"pay null", "POST", order + "/pay", `null`},
+		{"pay array", "POST", order + "/pay", `[]`},
+		{"ship null", "POST", order + "/ship", `null`},
+		{"cancel null", "POST", order + "/cancel", `null`},
+		{"patch null", "PATCH", order, `null`},
+	} {
+		res := a.do(t, tt.method, tt.path, map[string]string{"Idempotency-Key": "k-" + tt.name, "If-Match": `"1"`}, tt.body)
+		expectProblem(t, tt.name, res, http.StatusBadRequest, "malformed-request", "")
+		if !strings.Contains(string(res.body), "must be a JSON object") {
+			t.Fatalf("%s: %s, want it to say the body must be a JSON object", tt.name, res.body)
+		}
+	}
+	if keys, orders, _, outbox := a.counts(t); keys != 1 || orders != 1 || outbox != 1 {
+		t.Fatalf("refused bodies stored something: keys=%d orders=%d outbox=%d", keys, orders, outbox)
+	}
+	for _, body := range []string{"", "{}"} {
+		if res := a.do(t, http.MethodPost, order+"/pay", map[string]string{"Idempotency-Key": "pay " + body}, body); res.status/100 != 2 {
+			t.Fatalf("pay with the body %q: %d %s", body, res.status, res.body)
+		}
+	}
+}
+
 // A JSON body in another charset than UTF-8, or with a Content-Encoding
 // (read as it is, "br" over plain JSON was taken), is refused with 415.
 func TestOtherCharsetsAreRefused(t *testing.T) {

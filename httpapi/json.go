@@ -60,6 +60,10 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 		}
 		if len(bytes.TrimSpace(body)) == 0 {
 			err = io.EOF
+		} else if c := firstByte(body); c != '{' {
+			// encoding/json takes null for an object as "no change", so
+			// null was a body that asked for nothing and got a command run.
+			return notAnObject(c)
 		} else {
 			err = strictUnmarshal(body, v)
 		}
@@ -88,12 +92,8 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	case errors.As(err, &syntaxErr):
 		return bad(fmt.Sprintf("The body is not valid JSON (at byte %d): %v.", syntaxErr.Offset, syntaxErr))
 	case errors.As(err, &typeErr):
-		field := typeErr.Field
-		if field == "" {
-			return bad(fmt.Sprintf("The body must be a JSON object, not a %s.", typeErr.Value))
-		}
 		return bad("A field has the wrong type.", domain.FieldError{
-			Field:  field,
+			Field:  typeErr.Field,
 			Detail: fmt.Sprintf("must be %s, got %s", jsonTypeName(typeErr.Type.Kind().String()), typeErr.Value),
 		})
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
@@ -103,6 +103,36 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	default:
 		return bad("The body could not be read as JSON: " + err.Error() + ".")
 	}
+}
+
+// firstByte is the first byte of b that is not JSON whitespace (0 if none).
+func firstByte(b []byte) byte {
+	for _, c := range b {
+		if !jsonSpace(c) {
+			return c
+		}
+	}
+	return 0
+}
+
+// notAnObject is the problem of a body whose JSON text begins with c, not
+// '{': every body is an object, and null is none (encoding/json would take
+// it as an object with no fields).
+func notAnObject(c byte) *Problem {
+	got := ""
+	switch {
+	case c == 'n':
+		got = ", not null"
+	case c == '[':
+		got = ", not an array"
+	case c == '"':
+		got = ", not a string"
+	case c == 't' || c == 'f':
+		got = ", not a boolean"
+	case c == '-' || ('0' <= c && c <= '9'):
+		got = ", not a number"
+	}
+	return problem(http.StatusBadRequest, "malformed-request", "Malformed request body", "The body must be a JSON object"+got+".")
 }
 
 // checkUnicode refuses a body that is not Unicode text in UTF-8, which

@@ -77,7 +77,7 @@ type RefundDetails struct {
 type NewOrder struct {
 	CustomerID string    `json:"customer_id"`
 	Currency   string    `json:"currency"`
-	Items      []NewItem `json:"items"`
+	Items      []NewItem `json:"items,omitempty"` // nil is sent as no items (422), never as null (400)
 }
 
 // NewItem is one line of a NewOrder.

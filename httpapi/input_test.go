@@ -90,6 +90,51 @@ func TestBodiesThatAreNotObjectsAreRefused(t *testing.T) {
 	}
 }
 
+// A null for a field whose schema is not nullable is 400 naming the field:
+// encoding/json took it as the zero value, and a unit_price of null was an
+// order at price 0. The fields the document makes nullable (payment_method,
+// a patch's shipping_address and note) still take null.
+func TestNullFieldsAreRefused(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	order := "/v1/orders/" + id
+	address := `"name":"Ada","line1":"1 Main St","city":"Berlin","postal_code":"10115","country":"DE"`
+	for _, tt := range []struct {
+		name, method, path, body, field string
+	}{
+		{"null unit_price", "POST", "/v1/orders", `{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":null}]}`, "items[0].unit_price"},
+		{"null quantity", "POST", "/v1/orders", `{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":null,"unit_price":1}]}`, "items[0].quantity"},
+		{"null customer_id", "POST", "/v1/orders", `{"customer_id":null,"currency":"EUR","items":[{"sku":"sku-1","quantity":1,"unit_price":1}]}`, "customer_id"},
+		{"null items", "POST", "/v1/orders", `{"customer_id":"c-1","currency":"EUR","items":null}`, "items"},
+		{"null item", "POST", "/v1/orders", `{"customer_id":"c-1","currency":"EUR","items":[null]}`, "items[0]"},
+		{"null reason", "POST", order + "/cancel", `{"reason":null}`, "reason"},
+		{"null address field", "PATCH", order, `{"shipping_address":{` + address + `,"line2":null}}`, "shipping_address.line2"},
+	} {
+		res := a.do(t, tt.method, tt.path, map[string]string{"Idempotency-Key": "k-" + tt.name, "If-Match": `"1"`}, tt.body)
+		expectProblem(t, tt.name, res, http.StatusBadRequest, "malformed-request", tt.field)
+		if p := decodeProblem(t, res); !strings.HasSuffix(p.Errors[0].Detail, "got null") {
+			t.Fatalf("%s: %+v, want the detail to say null is not taken", tt.name, p.Errors)
+		}
+	}
+	if keys, orders, _, outbox := a.counts(t); keys != 1 || orders != 1 || outbox != 1 {
+		t.Fatalf("refused bodies stored something: keys=%d orders=%d outbox=%d", keys, orders, outbox)
+	}
+
+	res := a.do(t, http.MethodPatch, order, map[string]string{"Idempotency-Key": "patch", "If-Match": `"1"`},
+		`{"shipping_address":{`+address+`},"note":null}`)
+	if res.status != http.StatusOK {
+		t.Fatalf("patch with a null note: %d %s", res.status, res.body)
+	}
+	res = a.do(t, http.MethodPatch, order, map[string]string{"Idempotency-Key": "unpatch", "If-Match": `"2"`}, `{"shipping_address":null}`)
+	if o := decodeOrder(t, res); res.status != http.StatusOK || o.ShippingAddress != nil {
+		t.Fatalf("patch with a null shipping_address: %d %s", res.status, res.body)
+	}
+	if res := a.do(t, http.MethodPost, order+"/pay", map[string]string{"Idempotency-Key": "pay"}, `{"payment_method":null}`); res.status != http.StatusAccepted {
+		t.Fatalf("pay with a null payment_method: %d %s", res.status, res.body)
+	}
+}
+
 // A JSON body in another charset than UTF-8, or with a Content-Encoding
 // (read as it is, "br" over plain JSON was taken), is refused with 415.
 func TestOtherCharsetsAreRefused(t *testing.T) {

@@ -279,10 +279,12 @@ var rawMessageType = reflect.TypeFor[json.RawMessage]()
 
 // checkKeys refuses, at every level of the JSON value body (already decoded
 // into a value of type t without error), an object that names a key twice
-// (also in another case: encoding/json would let the last one win) and a key
+// (also in another case: encoding/json would let the last one win), a key
 // that names a field of t other than in its exact spelling (encoding/json
-// matches names case-insensitively). Its problem names the key's path
-// (below path, which names where body sits in the request).
+// matches names case-insensitively) and a null for a value whose type is
+// not nullable (encoding/json leaves the zero value: a unit_price of null
+// was a price of 0). Its problem names the key's path (below path, which
+// names where body sits in the request).
 func checkKeys(body []byte, t reflect.Type, path string) *Problem {
 	w := keyWalker{b: body}
 	detail := w.value(t, 0)
@@ -299,8 +301,11 @@ func checkKeys(body []byte, t reflect.Type, path string) *Problem {
 		field = strings.TrimPrefix(field, ".")
 	}
 	summary := "Every key may appear once per object, spelled exactly as documented."
-	if detail == tooDeep {
+	switch {
+	case detail == tooDeep:
 		summary = fmt.Sprintf("The body nests objects and arrays more than %d levels deep.", maxBodyDepth)
+	case w.null:
+		summary = "A field has the wrong type."
 	}
 	p := problem(http.StatusBadRequest, "malformed-request", "Malformed request body", summary)
 	p.Errors = []domain.FieldError{{Field: clip(field, maxFieldPath), Detail: detail}}
@@ -338,16 +343,18 @@ func clip(s string, n int) string {
 // never reads past b or recurses past maxBodyDepth, whatever b holds; on
 // bytes that are not valid JSON its answer means nothing.
 type keyWalker struct {
-	b  []byte
-	i  int
-	at []string // the bad key's path, innermost segment first (".key", "[n]")
+	b    []byte
+	i    int
+	at   []string // the bad key's path, innermost segment first (".key", "[n]")
+	null bool     // what is wrong is a null where t takes none
 }
 
 // value walks the value at w.i, nested depth levels deep, checking its keys
-// against t (nil: any keys, duplicates still refused). It returns what is
-// wrong with the first bad key below this value, with its path in w.at,
-// or "" if all are well.
+// against t (nil: any keys and values, duplicates still refused). It returns
+// what is wrong with the first bad key or null below this value, with its
+// path in w.at, or "" if all are well.
 func (w *keyWalker) value(t reflect.Type, depth int) (detail string) {
+	declared := t // whether it takes null is asked only of a null
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -366,6 +373,12 @@ func (w *keyWalker) value(t reflect.Type, depth int) (detail string) {
 		return w.array(t, depth+1)
 	case '"':
 		w.str(false)
+	case 'n':
+		if !nullable(declared) {
+			w.null = true
+			return nullDetail(t)
+		}
+		fallthrough
 	default: // a number, true, false or null: up to what follows it
 		for ; w.i < len(w.b); w.i++ {
 			if c := w.b[w.i]; c == ',' || c == ']' || c == '}' || jsonSpace(c) {
@@ -374,6 +387,24 @@ func (w *keyWalker) value(t reflect.Type, depth int) (detail string) {
 		}
 	}
 	return ""
+}
+
+// nullable reports whether a JSON null is a value of type t: it is for a
+// pointer (the field is then nil), an interface, json.RawMessage (which
+// holds it) and nil (a value of no known type); not for anything else,
+// where encoding/json would take null as "leave the zero value". Slices and
+// maps take no null either: no field of a request is documented as a
+// nullable array or object without being a pointer or json.RawMessage.
+func nullable(t reflect.Type) bool {
+	return t == nil || t == rawMessageType || t.Kind() == reflect.Pointer || t.Kind() == reflect.Interface
+}
+
+// nullDetail is what a null for a value of type t (not nullable) is told.
+func nullDetail(t reflect.Type) string {
+	if name := jsonTypeName(t.Kind().String()); name != "of another type" {
+		return "must be " + name + ", got null"
+	}
+	return "must not be null"
 }
 
 // object walks the members of the object whose '{' was just read.

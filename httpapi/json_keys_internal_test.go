@@ -32,6 +32,14 @@ func FuzzCheckKeys(f *testing.F) {
 		`{"":{"a":1,"a":2}}`,
 		`{"note":{"x":[{"y":1,"Y":2}]},"shipping_address":null}`,
 		`{"x":[1,-2.5e3,true,false,null,"s\"}"],"y":{}}`,
+		`null`,
+		`[null]`,
+		`{"customer_id":null,"currency":"EUR"}`,
+		`{"items":[{"sku":"s","quantity":1,"unit_price":null}]}`,
+		`{"items":null}`,
+		`{"shipping_address":null,"note":null,"name":null}`,
+		`{"p":null,"a":null,"r":null,"m":{"k":null},"s":[null],"ps":[null],"pm":{"k":null}}`,
+		`{"a":{"b":null,"B":1}}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -39,7 +47,7 @@ func FuzzCheckKeys(f *testing.F) {
 		reflect.TypeFor[map[string]any](), reflect.TypeFor[[]createOrderRequest](), reflect.TypeFor[*struct {
 			ShippingAddress json.RawMessage `json:"shipping_address"`
 			Note            json.RawMessage `json:"note"`
-		}]()}
+		}](), reflect.TypeFor[nullables]()}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		if !json.Valid(body) || checkUnicode(body) != nil {
 			return // refused before checkKeys runs
@@ -64,6 +72,19 @@ func FuzzCheckKeys(f *testing.F) {
 			}
 		}
 	})
+}
+
+// nullables has a field of each kind that does or does not take null.
+type nullables struct {
+	P  *string           `json:"p"`
+	A  any               `json:"a"`
+	R  json.RawMessage   `json:"r"`
+	M  map[string]int    `json:"m"`
+	S  []int             `json:"s"`
+	PS []*int            `json:"ps"`
+	PM map[string]*int   `json:"pm"`
+	N  *struct{ B int }  `json:"n"`
+	X  map[string]string `json:"x"`
 }
 
 // nesting is how deeply the valid JSON text body nests objects and arrays.
@@ -114,7 +135,9 @@ func TestKeysOfDeeplyNestedBodies(t *testing.T) {
 // tokenCheckKeys is checkKeys as it was until 2026-11-24, on
 // encoding/json's token reader: the reference for FuzzCheckKeys. (It
 // dropped an empty key from a path when the path so far was empty, as in
-// {"":{"a":1,"a":2}}; the walker names ".a", and so does this now.)
+// {"":{"a":1,"a":2}}; the walker names ".a", and so does this now. Since
+// the walker refuses a null for a type that takes none, so does this,
+// with the rule spelled out again rather than calling nullable.)
 func tokenCheckKeys(body []byte, t reflect.Type, path string) (field, detail string) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
@@ -126,6 +149,7 @@ func tokenCheckKeys(body []byte, t reflect.Type, path string) (field, detail str
 }
 
 func tokenWalkKeys(dec *json.Decoder, t reflect.Type, path string) (field, detail string, err error) {
+	null := t == nil || t == rawMessageType || t.Kind() == reflect.Pointer || t.Kind() == reflect.Interface
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -185,6 +209,10 @@ func tokenWalkKeys(dec *json.Decoder, t reflect.Type, path string) (field, detai
 		}
 		_, err := dec.Token()
 		return "", "", err
+	case nil: // null
+		if !null {
+			return path, nullDetail(t), nil
+		}
 	}
 	return "", "", nil
 }
@@ -206,6 +234,31 @@ func TestFoldKeyOfASCIIIsItsRuneByRuneFold(t *testing.T) {
 			if got := foldKey(s); got != string(want) {
 				t.Fatalf("foldKey(%q) = %q, want %q", s, got, string(want))
 			}
+		}
+	}
+}
+
+// A null is refused where the field's type takes none (encoding/json would
+// leave its zero value) and taken where it does: a pointer, an interface,
+// json.RawMessage. Slices and maps take none.
+func TestCheckKeysRefusesNullWhereTheTypeTakesNone(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ body, field, detail string }{
+		{`{"p":null,"a":null,"r":null,"n":null,"ps":[null],"pm":{"k":null},"x":{}}`, "", ""},
+		{`{"m":null}`, "m", "must be an object, got null"},
+		{`{"s":null}`, "s", "must be an array, got null"},
+		{`{"s":[1,null]}`, "s[1]", "must be an integer (within 64 bits), got null"},
+		{`{"m":{"k":null}}`, "m.k", "must be an integer (within 64 bits), got null"},
+		{`{"x":{"k":null}}`, "x.k", "must be a string, got null"},
+		{`{"n":{"B":null}}`, "n.B", "must be an integer (within 64 bits), got null"},
+		{`{"a":{"k":null},"r":[null]}`, "", ""},
+	} {
+		p := checkKeys([]byte(tt.body), reflect.TypeFor[*nullables](), "")
+		switch {
+		case tt.field == "" && p != nil:
+			t.Errorf("%s: refused: %+v", tt.body, p.Errors)
+		case tt.field != "" && (p == nil || p.Errors[0].Field != tt.field || p.Errors[0].Detail != tt.detail || p.Detail != "A field has the wrong type."):
+			t.Errorf("%s: %+v, want %s refused with %q", tt.body, p, tt.field, tt.detail)
 		}
 	}
 }

@@ -135,6 +135,32 @@ func TestNullFieldsAreRefused(t *testing.T) {
 	}
 }
 
+// Only the media types the document lists are taken: application/json,
+// and for PATCH application/merge-patch+json. Any other +json type was
+// taken as JSON (and created an order) while the document said 415.
+func TestOnlyDocumentedMediaTypesAreTaken(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	for _, ct := range []string{"application/vnd.foo+json", "application/merge-patch+json", "application/problem+json", "text/json", "application/json-seq"} {
+		res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Idempotency-Key": "k-" + ct, "Content-Type": ct}, validBody)
+		expectProblem(t, ct, res, http.StatusUnsupportedMediaType, "unsupported-media-type", "")
+	}
+	id := decodeOrder(t, a.post(t, "create", validBody)).ID
+	res := a.do(t, http.MethodPatch, "/v1/orders/"+id, map[string]string{"Idempotency-Key": "p-1", "If-Match": `"1"`, "Content-Type": "application/json-patch+json"},
+		`{"note":"x"}`)
+	expectProblem(t, "PATCH as json-patch+json", res, http.StatusUnsupportedMediaType, "unsupported-media-type", "")
+	for i, ct := range []string{"application/merge-patch+json", "application/merge-patch+json; charset=utf-8", "application/json"} {
+		res := a.do(t, http.MethodPatch, "/v1/orders/"+id, map[string]string{"Idempotency-Key": "p-ok-" + ct, "If-Match": `"` + strconv.Itoa(i+1) + `"`, "Content-Type": ct},
+			`{"note":"x`+strconv.Itoa(i)+`"}`)
+		if res.status != http.StatusOK {
+			t.Fatalf("PATCH as %s: %d %s", ct, res.status, res.body)
+		}
+	}
+	if keys, orders, _, _ := a.counts(t); keys != 4 || orders != 1 {
+		t.Fatalf("keys=%d orders=%d, want 4 keys (the create, three patches) and 1 order", keys, orders)
+	}
+}
+
 // A JSON body in another charset than UTF-8, or with a Content-Encoding
 // (read as it is, "br" over plain JSON was taken), is refused with 415.
 func TestOtherCharsetsAreRefused(t *testing.T) {

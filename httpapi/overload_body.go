@@ -16,6 +16,31 @@ import (
 // body holds its slot that long at most.
 const DefaultBodyTimeout = 5 * time.Second
 
+// bodyDeadline sets, for every request that has a body, a read deadline
+// BodyTimeout from now: on every path, before anything else runs. Without
+// it only /v1's readBody bounded a body, and a body nobody reads (on
+// /healthz, /openapi.json, an unknown path, or a /v1 request refused
+// before readBody, such as a 401) was discarded by net/http under the
+// server's ReadTimeout alone: a client trickling it held its connection,
+// and its connection slot, 30 s. With the deadline the discard ends when
+// the body is late, and net/http closes the connection (a body that is
+// in by then is discarded as before, and the connection kept). readBody
+// sets its own deadline when it begins to read, so a /v1 request waiting
+// for its limits loses none of its time; each request on a connection
+// starts with the server's own deadlines again.
+func (s *Server) bodyDeadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.BodyTimeout))
+			if err != nil && !errors.Is(err, http.ErrNotSupported) {
+				writeProblem(w, r, s.Logger, problemFor(err), connErr(err))
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // readBody reads a request's whole body (up to one byte past
 // maxBodyBytes) before the handler runs, under a read deadline of
 // BodyTimeout. A body that does not arrive in time gets 408 problem+json and

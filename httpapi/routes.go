@@ -14,6 +14,9 @@ import (
 
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
+	// Every body, read or not, arrives within BodyTimeout (or its
+	// connection is closed); /v1's readBody then reads it.
+	r.Use(s.bodyDeadline)
 	if tracing.Active() {
 		r.Use(s.traceRequests)
 	}

@@ -33,7 +33,9 @@ const DefaultAPIMaxConns = 1024
 // A connection is not yet any tenant's, so no slot is anyone's either. What
 // a client can still hold is a slot per connection that is sending a
 // request: at most ReadHeaderTimeout (2 s) for its headers, then the body
-// timeout, and admitted requests are bounded per tenant. Filling every slot
+// timeout, on every path (httpapi sets that deadline on every request with
+// a body, whether a handler reads it or net/http discards it), and admitted
+// requests are bounded per tenant. Filling every slot
 // that way takes max connections re-dialled every two seconds, and even
 // then new connections take turns with the attacker's in the accept queue.
 type connLimit struct {

@@ -2,18 +2,22 @@ package app
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/acme/orders/httpapi"
 	"github.com/acme/orders/internal/testenv"
 )
 
@@ -348,4 +352,110 @@ func idleKeepAlive(t *testing.T, url string, l *connLimit) (net.Conn, *bufio.Rea
 	res.Body.Close()
 	testenv.Eventually(t, 5*time.Second, "the connection is idle", func() bool { idle, _ := tracked(l); return idle == 1 })
 	return a, br
+}
+
+// A client with no token that sends a request with a body it trickles (a
+// byte a second) holds its connection slot no longer than the body timeout,
+// on every path: outside /v1 no handler reads a body, net/http discarded
+// it under the server's ReadTimeout (30 s) alone, and two such clients at
+// -max-conns 2 kept every other client waiting that long; on /v1 a 401
+// closes the connection, but only after that same discard. Either way the
+// connection limit, which assumes a request holds its slot for its header
+// and then its body timeout, could not close them.
+func TestTrickledBodyDoesNotHoldAConnectionSlot(t *testing.T) {
+	t.Parallel()
+	const bodyTimeout = time.Second // what bounds each attacker; a legitimate request waits about that long
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := httpapi.New(httpapi.Deps{Logger: logger, BodyTimeout: bodyTimeout})
+	for _, path := range []string{"/openapi.json", "/healthz", "/no-such-path", "/v1/orders"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := ln.Addr().String()
+			ln.Close()
+			reg := prometheus.NewRegistry()
+			ctx, cancel := context.WithCancel(context.Background())
+			served := make(chan error, 1)
+			go func() { served <- ServeConns(ctx, addr, h, logger, time.Second, 2, reg) }()
+			t.Cleanup(func() {
+				cancel()
+				<-served
+			})
+
+			done := make(chan struct{})
+			var trickling sync.WaitGroup
+			t.Cleanup(func() {
+				close(done)
+				trickling.Wait()
+			})
+			for range 2 { // two attackers, no token; -max-conns is 2
+				c := dialUntilListening(t, addr)
+				fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nx", path)
+				trickling.Go(func() {
+					defer c.Close()
+					for range 60 {
+						select {
+						case <-done:
+							return
+						case <-time.After(time.Second):
+						}
+						if _, err := c.Write([]byte("x")); err != nil {
+							return
+						}
+					}
+				})
+			}
+			waitFor(t, 5*time.Second, func() bool { return gaugeValue(t, reg, "orders_http_connections_open") == 2 })
+
+			// Served once an attacker's body timeout has passed: in about
+			// bodyTimeout, not the 30 s of ReadTimeout.
+			client := &http.Client{Timeout: 10 * bodyTimeout}
+			resp, err := client.Get("http://" + addr + "/healthz")
+			if err != nil {
+				t.Fatalf("a legitimate request was not served within %s: %v", client.Timeout, err)
+			}
+			resp.Body.Close()
+		})
+	}
+}
+
+// dialUntilListening connects to addr, retrying while nothing listens there
+// yet (for up to 5 s).
+func dialUntilListening(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	var c net.Conn
+	waitFor(t, 5*time.Second, func() bool {
+		var err error
+		c, err = net.Dial("tcp", addr)
+		return err == nil
+	})
+	return c
+}
+
+// waitFor polls cond until it holds, failing t if it does not within d.
+func waitFor(t *testing.T, d time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not so within %s", d)
+		}
+	}
+}
+
+// gaugeValue is the value of the gauge name on reg (-1 if it has none).
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return -1
 }

@@ -139,7 +139,8 @@ type Meta struct {
 	Status int
 	// Definitive is true when the call ended on an answer that settles it:
 	// a 2xx, or a refusal that sending it again would not change (a 4xx
-	// other than 409 in-flight and 429). False when it gave up (attempts,
+	// other than 408, 429 and a 409 that is in-flight or carries
+	// Retry-After). False when it gave up (attempts,
 	// context, a network error): its outcome is then unknown, whatever
 	// Status says; retry it later with IdempotencyKey to learn it.
 	Definitive bool
@@ -197,7 +198,7 @@ type request struct {
 }
 
 // do runs r until a definitive answer: a 2xx (decoded into r.out), a 4xx
-// other than 409 in-flight and 429 (a *Problem), the last of MaxAttempts
+// that retryable calls final (a *Problem), the last of MaxAttempts
 // attempts, or the end of ctx.
 func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 	var cc callConfig
@@ -291,13 +292,17 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 }
 
 // retryable reports whether an answer may change if the same request is
-// sent again: the server stored nothing for it.
+// sent again: the server stored nothing for it. Besides 5xx and 429 that is
+// a 408 (the body came too slowly: nothing ran) and a 409 that says when to
+// retry (a key still in flight, or a refusal for now, such as a cancel
+// while a payment settles, which the server does not store); a 409
+// without Retry-After is the order's state, and final.
 func retryable(p *Problem) bool {
 	switch {
-	case p.Status >= 500, p.Status == http.StatusTooManyRequests:
+	case p.Status >= 500, p.Status == http.StatusTooManyRequests, p.Status == http.StatusRequestTimeout:
 		return true
 	case p.Status == http.StatusConflict:
-		return p.Type == TypeKeyInFlight
+		return p.Type == TypeKeyInFlight || p.retryAfterSet
 	}
 	return false
 }

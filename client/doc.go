@@ -6,7 +6,9 @@
 // caller passes WithIdempotencyKey, and its body is encoded once. The call
 // is sent again, with the same key and the same body bytes, after a network
 // error (including a response lost after the server committed), a 5xx, a
-// 409 idempotency-key-in-flight and a 429, waiting a full-jitter exponential
+// 408 body-timeout, a 409 idempotency-key-in-flight or any other 409 with
+// Retry-After (a refusal for now, which the server does not store) and a
+// 429, waiting a full-jitter exponential
 // backoff (at least the server's Retry-After), until it has a definitive
 // answer, Config.MaxAttempts attempts were made, or the context ends. The
 // server stores the first execution's answer under the key, so however many

@@ -156,7 +156,9 @@ func (c *Client) ShipOrder(ctx context.Context, id string, opts ...CallOption) (
 
 // CancelOrder cancels an order with a reason (1–500 characters); a paid
 // order's refund is requested with it. A payment_pending order is a
-// conflict: retry after its charge settles.
+// conflict with Retry-After (its charge may be in flight), which the call
+// sends again until the charge settles or its attempts run out; then it
+// returns the conflict, not definitive (Meta): cancel again later.
 func (c *Client) CancelOrder(ctx context.Context, id, reason string, opts ...CallOption) (*Order, error) {
 	body := struct {
 		Reason string `json:"reason"`

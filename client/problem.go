@@ -57,6 +57,9 @@ type Problem struct {
 	Location string `json:"-"`
 	// RetryAfter is the Retry-After header (0 if absent).
 	RetryAfter time.Duration `json:"-"`
+	// retryAfterSet is whether the answer had a Retry-After header (one
+	// of 0, or a date past, is still the server's "retry").
+	retryAfterSet bool
 }
 
 // FieldError names one offending field of a request and what is wrong.
@@ -108,6 +111,7 @@ func newProblem(res response) *Problem {
 	p.Status = res.status // the header wins over the body
 	p.Location = res.header.Get("Location")
 	p.RetryAfter = retryAfter(res.header.Get("Retry-After"))
+	p.retryAfterSet = res.header.Get("Retry-After") != ""
 	return p
 }
 

@@ -115,6 +115,53 @@ func TestInFlightKeyIsRetried(t *testing.T) {
 	}
 }
 
+// A 408 body-timeout (nothing ran) and a 409 that carries Retry-After (a
+// refusal for now, which the server does not store) are sent again with the
+// same key and body, after Retry-After: the server says to retry them, and
+// the client used to return both as final. On the real api, a cancel of a
+// payment_pending order is such a 409: retried until the attempts run out,
+// and then not definitive.
+func TestBodyTimeoutAndConflictWithRetryAfterAreRetried(t *testing.T) {
+	t.Parallel()
+	plan := func(n int) fault { return map[int]fault{1: fail408Before, 2: fail409LaterBefore}[n] }
+	p, base := newProxy(t, plan)
+	c, tenant := newClient(t, base)
+	ctx := context.Background()
+	var meta client.Meta
+	start := time.Now()
+	o, err := c.CreateOrder(ctx, newOrder("c-1"), client.WithMeta(&meta))
+	if err != nil {
+		t.Fatalf("CreateOrder: %v", err)
+	}
+	seen := p.seen()
+	if len(seen) != 3 || seen[0].status != http.StatusRequestTimeout || seen[1].status != http.StatusConflict || seen[2].status != http.StatusCreated {
+		t.Fatalf("attempts %+v; want a 408, a 409, then a 201", seen)
+	}
+	sameKeyAndBody(t, seen, meta.IdempotencyKey)
+	if time.Since(start) < time.Second {
+		t.Fatalf("retried after %s, before the 409's Retry-After: 1", time.Since(start))
+	}
+	if !meta.Definitive || meta.Attempts != 3 || o.Version != 1 || ordersOf(t, tenant) != 1 {
+		t.Fatalf("meta %+v, order %+v, %d orders; want one order after 3 attempts", meta, o, ordersOf(t, tenant))
+	}
+
+	// The real api: no payment worker runs in this stack, so the order
+	// stays payment_pending and every cancel is refused for now.
+	_, direct := stack()
+	c2, _ := newClient(t, direct, client.WithMaxAttempts(2))
+	o, err = c2.CreateOrder(ctx, newOrder("c-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.PayOrder(ctx, o.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c2.CancelOrder(ctx, o.ID, "changed my mind", client.WithMeta(&meta))
+	if pr := client.AsProblem(err); !client.IsConflict(err) || pr.RetryAfter != time.Second || meta.Attempts != 2 || meta.Definitive {
+		t.Fatalf("cancel while payment_pending: %v, meta %+v; want a 409 with Retry-After: 1 after 2 attempts, not definitive", err, meta)
+	}
+}
+
 // Retries stop at the context's deadline, keeping the last answer in the
 // error; and at MaxAttempts.
 func TestRetriesStopAtDeadlineAndMaxAttempts(t *testing.T) {

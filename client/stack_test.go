@@ -125,11 +125,13 @@ type attempt struct {
 type fault int
 
 const (
-	pass          fault = iota
-	loseResponse        // forward, let the api commit, then cut the connection
-	fail503Before       // answer 503 without forwarding
-	fail503After        // forward, let the api commit, then answer 503
-	fail429Before       // answer 429 with Retry-After: 1 without forwarding
+	pass               fault = iota
+	loseResponse             // forward, let the api commit, then cut the connection
+	fail503Before            // answer 503 without forwarding
+	fail503After             // forward, let the api commit, then answer 503
+	fail429Before            // answer 429 with Retry-After: 1 without forwarding
+	fail408Before            // answer the api's 408 body-timeout without forwarding
+	fail409LaterBefore       // answer a 409 conflict with Retry-After: 1 (a refusal for now) without forwarding
 )
 
 // proxy sits between a client and the real api and injects faults.
@@ -185,6 +187,20 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		answered(http.StatusTooManyRequests)
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "injected 429", http.StatusTooManyRequests)
+		return
+	case fail408Before:
+		answered(http.StatusRequestTimeout)
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusRequestTimeout)
+		_, _ = w.Write([]byte(`{"type":"https://orders.acme.example/problems/body-timeout","title":"Request body too slow","status":408}`))
+		return
+	case fail409LaterBefore:
+		answered(http.StatusConflict)
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusConflict)
+		_, _ = w.Write([]byte(`{"type":"https://orders.acme.example/problems/conflict","title":"Conflict with the current state","status":409,"current_status":"payment_pending"}`))
 		return
 	}
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))

@@ -2,11 +2,14 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/postgres"
@@ -59,12 +62,16 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 	// committed after the walk passed it is left behind here; phase 2
 	// finds it.
 	var stats RebuildStats
-	skipped := map[int64]string{} // by seq: why an event was left out
+	discarded, err := r.discardedEvents(ctx)
+	if err != nil {
+		return stats, fmt.Errorf("rebuild %s: %w", name, err)
+	}
+	skipped := map[int64]leftOut{} // by seq: the events left out
 	var after int64
 	for {
 		var got, applied int
 		var last int64
-		var left map[int64]string
+		var left map[int64]leftOut
 		err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
 			left = maps.Clone(skipped)
 			if _, err := tx.Exec(ctx, inShadow); err != nil {
@@ -78,7 +85,7 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 			if got = len(log); got > 0 {
 				last = log[got-1].Seq
 			}
-			applied, err = r.applyLogged(ctx, tx, log, left)
+			applied, err = r.applyLogged(ctx, tx, log, discarded, left)
 			return err
 		})
 		if err != nil {
@@ -96,8 +103,8 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 	// anti-join of the whole log against the shadow inbox finds those the
 	// walk did not apply: the late ones, and what arrived since.
 	var caughtUp int
-	var left map[int64]string
-	err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
+	var left map[int64]leftOut
+	err = postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
 		caughtUp, left = 0, maps.Clone(skipped)
 		// Without statistics the planner takes the shadow inbox for
 		// empty, and its plan compares every event with every row.
@@ -122,11 +129,14 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 			if err != nil {
 				return fmt.Errorf("read the event log: %w", err)
 			}
-			n, err := r.applyLogged(ctx, tx, log, left)
+			n, err := r.applyLogged(ctx, tx, log, discarded, left)
 			if err != nil {
 				return err
 			}
 			caughtUp += n
+		}
+		if err := r.checkNothingLost(ctx, tx, schema, left); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO DEFAULT"); err != nil {
 			return err
@@ -165,7 +175,7 @@ ON CONFLICT (projection, aggregate_id) DO UPDATE SET version = GREATEST(projecti
 		first := seqs[:min(len(seqs), 10)]
 		why := make([]string, len(first))
 		for i, seq := range first {
-			why[i] = fmt.Sprintf("seq %d: %s", seq, skipped[seq])
+			why[i] = fmt.Sprintf("seq %d: %s", seq, skipped[seq].reason)
 		}
 		r.logger.WarnContext(ctx, "rebuild left out events it could not apply", "projection", name, "skipped", stats.Skipped, "first", why)
 	}
@@ -195,16 +205,26 @@ type loggedEvent struct {
 	Payload string
 }
 
+// leftOut is an event a rebuild left out: its order (uuid.Nil if the
+// envelope does not decode) and why.
+type leftOut struct {
+	order  uuid.UUID
+	reason string
+}
+
 // applyLogged applies, in tx, the events of log (in seq order) that the
 // projection can apply, and returns how many it recorded (applied, or
-// already there). One it cannot apply is left out and noted in skipped,
-// with its reason, as the live runner would dead-letter it: an envelope
-// that does not decode, data its projection refuses, or an event whose
-// predecessor the log does not hold (pruned by relay retention, or itself
-// left out). The rest of the log is rebuilt. The batch goes in one
-// savepoint; if that fails, each event goes in one of its own, so one bad
-// event leaves out only itself and its order's later events.
-func (r *Runner) applyLogged(ctx context.Context, tx pgx.Tx, log []loggedEvent, skipped map[int64]string) (int, error) {
+// already there). An event discarded as a dead letter of the live
+// projection is skipped as its discard skipped it (the position moves past
+// it, nothing is applied). One it cannot apply is left out and noted in
+// skipped, as the live runner would dead-letter it: an envelope that does
+// not decode, data its projection refuses, or an event whose predecessor
+// the log does not hold (pruned by relay retention, or itself left out);
+// checkNothingLost then refuses the swap if the live read model has gone
+// past it. The batch goes in one savepoint; if that fails (or holds a
+// discarded event), each event goes in one of its own, so one bad event
+// leaves out only itself and its order's later events.
+func (r *Runner) applyLogged(ctx context.Context, tx pgx.Tx, log []loggedEvent, discarded map[uuid.UUID]bool, skipped map[int64]leftOut) (int, error) {
 	if len(log) == 0 {
 		return 0, nil
 	}
@@ -215,13 +235,23 @@ func (r *Runner) applyLogged(ctx context.Context, tx pgx.Tx, log []loggedEvent, 
 		bySeq[events[i]] = l.Seq
 	}
 	events = decode(events)
-	err, txErr := inSavepoint(ctx, tx, func(sp pgx.Tx) error { return r.commitTx(ctx, sp, events) })
-	if txErr != nil {
-		return 0, txErr
+	apart := slices.ContainsFunc(events, func(e *event) bool { return !e.undecodable && discarded[e.env.ID] })
+	if !apart {
+		err, txErr := inSavepoint(ctx, tx, func(sp pgx.Tx) error { return r.commitTx(ctx, sp, events) })
+		if txErr != nil {
+			return 0, txErr
+		}
+		apart = err != nil
 	}
-	if err != nil {
+	if apart {
 		for _, e := range events {
 			if e.undecodable {
+				continue
+			}
+			if discarded[e.env.ID] {
+				if err := r.skipDiscarded(ctx, tx, e); err != nil {
+					return 0, err
+				}
 				continue
 			}
 			err, txErr := inSavepoint(ctx, tx, func(sp pgx.Tx) error { return r.commitTx(ctx, sp, []*event{e}) })
@@ -238,10 +268,14 @@ func (r *Runner) applyLogged(ctx context.Context, tx pgx.Tx, log []loggedEvent, 
 	recorded := 0
 	for _, e := range events {
 		switch {
-		case e.undecodable || e.outcome == Malformed:
-			skipped[bySeq[e]] = e.err.Error()
+		case e.undecodable:
+			skipped[bySeq[e]] = leftOut{reason: e.err.Error()}
+		case e.outcome == Malformed:
+			skipped[bySeq[e]] = leftOut{e.env.AggregateID, fmt.Sprintf("%s v%d of order %s: %v", e.env.Type, e.env.AggregateVersion, e.env.AggregateID, e.err)}
 		case e.outcome == Gap:
-			skipped[bySeq[e]] = fmt.Sprintf("%s v%d of order %s: its predecessor is not in the log", e.env.Type, e.env.AggregateVersion, e.env.AggregateID)
+			skipped[bySeq[e]] = leftOut{e.env.AggregateID, fmt.Sprintf("%s v%d of order %s: its predecessor is not in the log, or was left out", e.env.Type, e.env.AggregateVersion, e.env.AggregateID)}
+		case discarded[e.env.ID]:
+			delete(skipped, bySeq[e]) // skipped as discarded: not counted as recorded
 		default:
 			delete(skipped, bySeq[e]) // a late event applied on a second look
 			recorded++
@@ -249,3 +283,92 @@ func (r *Runner) applyLogged(ctx context.Context, tx pgx.Tx, log []loggedEvent, 
 	}
 	return recorded, nil
 }
+
+// discardedEvents are the events discarded as dead letters of this
+// projection (`projector dead-letters discard`): skipped for good, so a
+// rebuild skips them too.
+func (r *Runner) discardedEvents(ctx context.Context) (map[uuid.UUID]bool, error) {
+	rows, _ := r.db.Query(ctx, `SELECT event_id FROM public.dead_letters WHERE projection = $1 AND status = 'discarded' AND event_id IS NOT NULL`, r.proj.Name())
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("read discarded dead letters: %w", err)
+	}
+	discarded := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		discarded[id] = true
+	}
+	return discarded, nil
+}
+
+// skipDiscarded moves the rebuilt position of e's order past e, as its
+// discard did live, if the order is at the version before it; otherwise e
+// is a gap (its predecessor left out) and left out with it.
+func (r *Runner) skipDiscarded(ctx context.Context, tx pgx.Tx, e *event) error {
+	var pos int64
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM projection_positions WHERE projection = $1 AND aggregate_id = $2`,
+		r.proj.Name(), e.env.AggregateID).Scan(&pos); err != nil {
+		return fmt.Errorf("read the rebuilt position of order %s: %w", e.env.AggregateID, err)
+	}
+	switch v := e.env.AggregateVersion; {
+	case v <= pos:
+		e.outcome = Stale
+	case v == pos+1:
+		if _, err := tx.Exec(ctx, PositionsAdvanceSQL, r.proj.Name(), []string{e.env.TenantID}, []uuid.UUID{e.env.AggregateID}, []int64{v}); err != nil {
+			return fmt.Errorf("skip discarded event %s: %w", e.env.ID, err)
+		}
+		e.outcome = Stale
+	default:
+		e.outcome = Gap
+	}
+	return nil
+}
+
+// checkNothingLost refuses the swap (an error naming them) if, for an order
+// with an event left out, the live read model has gone further than the
+// rebuilt one: the live projection applied what the rebuild could not, and
+// the swap would replace its rows with ones that lack it, for good (the
+// merged position and inbox keep the events from ever applying again). An
+// order the live projection holds back at the same event (a dead letter)
+// is rebuilt as it is live.
+func (r *Runner) checkNothingLost(ctx context.Context, tx pgx.Tx, schema string, left map[int64]leftOut) error {
+	var orders []uuid.UUID
+	for _, l := range left {
+		if l.order != uuid.Nil {
+			orders = append(orders, l.order)
+		}
+	}
+	if len(orders) == 0 {
+		return nil
+	}
+	rows, _ := tx.Query(ctx, `
+SELECT l.aggregate_id, l.version, coalesce(s.version, 0)
+FROM public.projection_positions l
+LEFT JOIN `+schema+`.projection_positions s ON s.projection = l.projection AND s.aggregate_id = l.aggregate_id
+WHERE l.projection = $1 AND l.aggregate_id = ANY($2) AND l.version > coalesce(s.version, 0)
+ORDER BY l.aggregate_id LIMIT 10`, r.proj.Name(), orders)
+	var lost []string
+	var order uuid.UUID
+	var live, rebuilt int64
+	if _, err := pgx.ForEachRow(rows, []any{&order, &live, &rebuilt}, func() error {
+		lost = append(lost, fmt.Sprintf("order %s at version %d live, %d rebuilt", order, live, rebuilt))
+		return nil
+	}); err != nil {
+		return fmt.Errorf("compare the rebuilt positions with the live ones: %w", err)
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	var why []string
+	for _, seq := range slices.Sorted(maps.Keys(left)) {
+		if len(why) == 10 {
+			break
+		}
+		why = append(why, fmt.Sprintf("seq %d: %s", seq, left[seq].reason))
+	}
+	return fmt.Errorf("%w: it would lose what the live read model applied (%s); events left out: %s",
+		ErrRebuildWouldLose, strings.Join(lost, "; "), strings.Join(why, "; "))
+}
+
+// ErrRebuildWouldLose is returned by Rebuild when the events it cannot
+// apply are ones the live projection went past: it swaps nothing.
+var ErrRebuildWouldLose = errors.New("rebuild refused")

@@ -3,7 +3,10 @@ package projection
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -154,28 +157,85 @@ func TestARebuildLeavesOutAnEventItCannotApply(t *testing.T) {
 }
 
 // With relay retention on, the log may hold an order's later events without
-// its first: the rebuild covers the rest (README: "a rebuild then covers
-// only the retained events") instead of failing.
-func TestARebuildCoversTheRetainedEventsOfAnOrderWhoseFirstWasPruned(t *testing.T) {
+// its first. The live read model has that order; the rebuild cannot build
+// it, and a swap would replace the live rows with ones that lack it for
+// good (the merged position and inbox keep its events from applying again).
+// So the rebuild refuses, names the order, and changes nothing; an order the
+// live model never applied either is no reason to refuse (the test above).
+func TestARebuildRefusesToLoseAnOrderWhoseFirstEventWasPruned(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Config{})
 	ctx := context.Background()
 
 	straddling := lifecycleEvents(t, "c-straddle")
-	for _, env := range straddling[1:] { // v1 pruned
+	var live []*event
+	for _, env := range straddling {
 		f.logEvent(t, env)
+		b, err := json.Marshal(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, &event{data: b, deliveries: 1})
+	}
+	if err := f.runner.commit(ctx, decode(live)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(ctx, `DELETE FROM outbox WHERE id = $1`, straddling[0].ID); err != nil { // retention pruned v1
+		t.Fatal(err)
 	}
 	kept := createdEvent(t, uuid.Must(uuid.NewV7()))
 	f.logEvent(t, kept)
 
+	_, err := f.runner.Rebuild(ctx)
+	if !errors.Is(err, ErrRebuildWouldLose) || !strings.Contains(err.Error(), straddling[0].AggregateID.String()) {
+		t.Fatalf("rebuild: %v; want ErrRebuildWouldLose naming order %s", err, straddling[0].AggregateID)
+	}
+	if v, _ := f.view(t, straddling[0].AggregateID); v != int64(len(straddling)) {
+		t.Errorf("the live view of the straddling order is at version %d after the refused rebuild, want %d", v, len(straddling))
+	}
+	if n := f.count(t, `SELECT count(*) FROM order_views WHERE order_id = $1`, kept.AggregateID); n != 0 {
+		t.Errorf("the refused rebuild swapped in %d rows of the kept order", n)
+	}
+}
+
+// An event discarded as a dead letter (its effect skipped for good, the
+// position moved past it) is skipped by a rebuild too, so the order's later
+// events, which the live projection applied after the discard, are rebuilt
+// as well, and the rebuilt order equals the live one.
+func TestARebuildSkipsADiscardedEventAsItsDiscardDid(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Workers: 1, MaxDeliver: 2, RetryDelay: 10 * time.Millisecond, GapDelay: 10 * time.Millisecond}
+	f := newFixture(t, cfg)
+	ctx := context.Background()
+	f.run(t)
+	envs := lifecycleEvents(t, "c-discard")
+	envs[1].Data = json.RawMessage(`{"status": 5}`) // v2 cannot be applied
+	for _, e := range envs {
+		f.logEvent(t, e)
+		f.publish(t, e, e.ID.String())
+	}
+	eventually(t, "v2 is an open dead letter", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'open' AND aggregate_version = 2`) == 1
+	})
+	var id int64
+	if err := f.db.QueryRow(ctx, `SELECT id FROM dead_letters WHERE status = 'open'`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.runner.DiscardDeadLetter(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "v3 is applied after the discard", func() bool {
+		v, _ := f.view(t, envs[0].AggregateID)
+		return v == 3
+	})
 	st, err := f.runner.Rebuild(ctx)
 	if err != nil {
-		t.Fatalf("rebuild: %v", err)
+		t.Fatalf("rebuild after a discard: %v", err)
 	}
-	if st.Events != 1 || st.Skipped != len(straddling)-1 {
-		t.Errorf("rebuild stats %+v, want 1 event and %d skipped", st, len(straddling)-1)
+	if st.Skipped != 0 || st.Events != len(envs)-1 {
+		t.Errorf("rebuild stats %+v, want %d events and none left out", st, len(envs)-1)
 	}
-	if v, _ := f.view(t, kept.AggregateID); v != 1 {
-		t.Errorf("the kept order's view is at version %d, want 1", v)
+	if v, _ := f.view(t, envs[0].AggregateID); v != 3 {
+		t.Errorf("the order's view is at version %d after the rebuild, want 3 (as live)", v)
 	}
 }

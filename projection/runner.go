@@ -465,9 +465,10 @@ func decodeMessages(msgs []jetstream.Msg) []*event {
 // Process applies msgs in one transaction and then settles each message:
 // ack when applied, duplicate, stale or parked; a delayed nak on a gap or a
 // transient failure; dead letter and term when malformed, on a permanent
-// failure (see Permanent), or when its deliveries are used up. If the batch transaction fails, each event is tried in a
-// transaction of its own, so one bad event cannot hold up the others. A long
-// batch tells JetStream it is still in progress.
+// failure (see Permanent), or when its deliveries are used up. If the batch
+// transaction fails, its events are tried apart (commitApart), so one bad
+// event cannot hold up the others. A long batch tells JetStream it is still
+// in progress.
 func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 	start := time.Now()
 	ctx, endSpan := traceBatch(ctx, r.proj.Name(), msgs)
@@ -496,8 +497,8 @@ func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 // that the events that caused the failure are found and the others applied:
 // in halves, one after the other, while the failure is the data's (Permanent:
 // one bad event then costs about 2·log2(n) transactions, not n, so a tenant
-// that publishes bad events cannot make every batch go one event at a time);
-// one by one otherwise. Each event that fails alone gets its error.
+// that publishes bad events cannot make every batch go one event at a time;
+// a batch of nothing but bad events costs 2n, not n); one by one otherwise. Each event that fails alone gets its error.
 func (r *Runner) commitApart(ctx context.Context, events []*event, err error) {
 	if len(events) == 1 || !Permanent(err) {
 		for _, e := range events {
@@ -783,14 +784,14 @@ func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string)
 	}
 }
 
-// gapDelay is how long an event waits for its predecessor: GapDelay, doubling
-// with each delivery up to 30s, so an event stuck behind a lost predecessor
-// costs little while it waits.
 // gapCountsFrom is the delay from which a gap's redelivery counts against
 // its tenant's share of the window: with the default GapDelay (20 ms,
 // doubling), from its seventh delivery, after about 1.3 s of waiting.
 const gapCountsFrom = time.Second
 
+// gapDelay is how long an event waits for its predecessor: GapDelay, doubling
+// with each delivery up to 30s, so an event stuck behind a lost predecessor
+// costs little while it waits.
 func (r *Runner) gapDelay(deliveries uint64) time.Duration {
 	return min(r.cfg.GapDelay<<min(max(deliveries, 1)-1, 10), 30*time.Second)
 }

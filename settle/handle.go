@@ -201,7 +201,8 @@ func (w *Worker) refund(ctx context.Context, env domain.Envelope, redelivered bo
 		if err != nil {
 			return w.providerResult(RefundConsumer, fmt.Errorf("find refund %s: %w", req.RefundKey, err))
 		}
-		found = found && rf.Status == payment.RefundSucceeded
+		// A failed one too: a refund that fails stays failed (the key
+		// would refund anew once the provider forgot it).
 	}
 	if !found {
 		rctx, span := tracing.StartChild(ctx, "refund", trace.WithSpanKind(trace.SpanKindClient))

@@ -157,6 +157,9 @@ func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlot
 			// Not a failure: nothing was tried. The tenant's own intents
 			// in hand finish first; the others' go on meanwhile.
 			w.stats.deferred.Add(1)
+			if seq != 0 {
+				fails.deferral(seq, time.Now())
+			}
 			if err := m.NakWithDelay(w.cfg.DeferDelay); err != nil {
 				w.logger.WarnContext(ctx, "nak deferred intent (it will be redelivered after the ack wait)", "consumer", consumer, "stream_seq", seq, "err", err)
 			}
@@ -168,7 +171,12 @@ func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlot
 	defer span.End()
 	r := result{verdict: dead, err: err}
 	if err == nil {
-		r = w.settleEnvelope(ctx, consumer, env, delivered > 1)
+		// Redelivered: an earlier delivery may have reached the provider,
+		// unless every one of them was deferred here. (One deferred by
+		// another process counts as one that may have: a look-up too many
+		// costs a call, one too few could cost a second charge.)
+		redelivered := int64(delivered)-int64(fails.deferrals(seq)) > 1
+		r = w.settleEnvelope(ctx, consumer, env, redelivered)
 	}
 	tracing.Fail(span, r.err)
 	switch r.verdict {

@@ -652,3 +652,96 @@ func TestRefundDeadLetteredThenRetriedAfterTheKeyExpiredIsRecordedOnce(t *testin
 		t.Fatalf("%d succeeded refund rows in payments, want 1", rows)
 	}
 }
+
+// countFinds counts the look-ups of charges by key.
+type countFinds struct {
+	settle.Provider
+	n atomic.Int64
+}
+
+func (c *countFinds) FindCharge(ctx context.Context, key string) (payment.Charge, bool, error) {
+	c.n.Add(1)
+	return c.Provider.FindCharge(ctx, key)
+}
+
+// An intent deferred past its tenant's share never reached the provider:
+// when it gets a slot, it is charged without a look-up by key first (on
+// Stripe a look-up is the search API, rate-limited), although JetStream
+// counts each deferral as a delivery.
+func TestADeferredIntentIsChargedWithoutALookUp(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	slow := &slowFor{Provider: r.provider, tenant: "slowco", release: make(chan struct{})}
+	finds := &countFinds{Provider: slow}
+	r.provider = finds
+	w, _ := r.start(t, settle.Config{Concurrency: 2, TenantShare: 0.5, DeferDelay: 20 * time.Millisecond})
+	var once sync.Once
+	release := func() { once.Do(func() { close(slow.release) }) }
+	t.Cleanup(release)
+
+	r.tenant = "slowco"
+	orders := make([]uuid.UUID, 3)
+	for i := range orders {
+		orders[i] = r.order(t)
+		r.pay(t, orders[i], domain.DefaultPaymentMethod)
+		r.publish(t, orders[i], domain.TypePaymentRequested, 0)
+	}
+	testenv.Eventually(t, 15*time.Second, "slowco's one slot held and its other intents deferred", func() bool {
+		return slow.blocked.Load() == 1 && w.Stats().Deferred >= 6
+	})
+	release()
+	for _, o := range orders {
+		r.waitStatus(t, o, "paid", 15*time.Second)
+		r.assertOneCharge(t, o)
+	}
+	if n := finds.n.Load(); n != 0 {
+		t.Errorf("%d look-ups by key for intents that were only deferred before their first call, want 0", n)
+	}
+}
+
+// loseFirstRefund makes the provider's first refund, and loses its answer
+// (a transient error to the worker), as a dropped connection would.
+type loseFirstRefund struct {
+	settle.Provider
+	calls atomic.Int64
+}
+
+func (l *loseFirstRefund) Refund(ctx context.Context, r payment.RefundRequest) (payment.Refund, error) {
+	rf, err := l.Provider.Refund(ctx, r)
+	if l.calls.Add(1) == 1 && err == nil {
+		return payment.Refund{}, fmt.Errorf("%w: the answer was lost", payment.ErrTransient)
+	}
+	return rf, err
+}
+
+// A refund the provider refused, whose answer was lost: the redelivery's
+// look-up by key finds the failed refund and records it, without asking
+// for the refund again (a refund that fails stays failed; once the
+// provider forgot the key, asking again would make a second refund).
+func TestAFailedRefundFoundByKeyIsRecordedNotAskedAgain(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	lose := &loseFirstRefund{Provider: r.provider}
+	r.provider = lose
+	r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, "pm_card_refundFail")
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+
+	r.cancel(t, id)
+	r.publish(t, id, domain.TypeRefundRequested, 0)
+	testenv.Eventually(t, 15*time.Second, "the refund recorded", func() bool {
+		_, rf, _ := r.get(t, id)
+		return rf != "pending"
+	})
+	if _, rf, _ := r.get(t, id); rf != "failed" {
+		t.Fatalf("refund %s, want failed", rf)
+	}
+	if n := lose.calls.Load(); n != 1 {
+		t.Errorf("%d refund calls, want 1 (the redelivery finds the failed one by its key)", n)
+	}
+	if l := fakepsptest.Ledger(t, r.psp); len(l.Refunds) != 1 || l.Refunds[0].Status != "failed" {
+		t.Fatalf("refunds at the provider: %+v, want the one that failed", l.Refunds)
+	}
+}

@@ -52,7 +52,9 @@ func (s *tenantSlots) release(tenant string) {
 // before a restart, starts again from 0 here, so it is retried longer,
 // never dead-lettered sooner. An entry is forgotten when its intent is
 // settled (done or dead-lettered) here, or once unseen for longer than ttl
-// (its intent went to another process).
+// (its intent went to another process). It also counts the deliveries it
+// deferred, which never reached the provider: an intent whose every earlier
+// delivery was deferred here needs no look-up by key before its first call.
 type failures struct {
 	ttl time.Duration
 
@@ -62,8 +64,9 @@ type failures struct {
 }
 
 type failure struct {
-	n    int
-	seen time.Time
+	n        int // failed deliveries
+	deferred int // deliveries deferred past the tenant's share
+	seen     time.Time
 }
 
 func newFailures(ttl time.Duration) *failures {
@@ -72,6 +75,25 @@ func newFailures(ttl time.Duration) *failures {
 
 // add counts one more failed delivery of seq and returns how many there were.
 func (f *failures) add(seq uint64, now time.Time) int {
+	return f.update(seq, now, func(e *failure) { e.n++ }).n
+}
+
+// deferral counts one more delivery of seq deferred here.
+func (f *failures) deferral(seq uint64, now time.Time) {
+	f.update(seq, now, func(e *failure) { e.deferred++ })
+}
+
+// deferrals is how many deliveries of seq this process deferred (as far as
+// it remembers): none of them reached the provider.
+func (f *failures) deferrals(seq uint64) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.bySeq[seq].deferred
+}
+
+// update applies change to seq's entry, seen now, sweeping entries unseen
+// for longer than ttl first when one is due.
+func (f *failures) update(seq uint64, now time.Time, change func(*failure)) failure {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !now.Before(f.nextSweep) {
@@ -83,10 +105,10 @@ func (f *failures) add(seq uint64, now time.Time) int {
 		f.nextSweep = now.Add(f.ttl)
 	}
 	e := f.bySeq[seq]
-	e.n++
+	change(&e)
 	e.seen = now
 	f.bySeq[seq] = e
-	return e.n
+	return e
 }
 
 // forget drops the count of seq: its intent is settled.

@@ -125,7 +125,6 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 
 	slots, fails := newTenantSlots(w.cfg.tenantLimit()), newFailures(w.cfg.failureTTL())
 	var wg sync.WaitGroup
-	wg.Go(func() { w.redrive(ctx, work, name, slots, &wg) })
 	for range w.cfg.Concurrency {
 		wg.Go(func() {
 			for {
@@ -155,10 +154,15 @@ func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlot
 	env, err := domain.DecodeEnvelope(m.Data())
 	if err == nil {
 		if !slots.acquire(env.TenantID) {
-			// Not a failure: nothing was tried. Parked out of the window
-			// (park.go); the tenant's intents in hand finish first, the
-			// others' go on meanwhile.
-			w.park(ctx, consumer, m, env, seq, delivered, fails)
+			// Not a failure: nothing was tried. The tenant's own intents
+			// in hand finish first; the others' go on meanwhile.
+			w.stats.deferred.Add(1)
+			if seq != 0 {
+				fails.deferral(seq, time.Now())
+			}
+			if err := m.NakWithDelay(w.cfg.DeferDelay); err != nil {
+				w.logger.WarnContext(ctx, "nak deferred intent (it will be redelivered after the ack wait)", "consumer", consumer, "stream_seq", seq, "err", err)
+			}
 			return
 		}
 		defer slots.release(env.TenantID)

@@ -78,8 +78,7 @@ const (
 	// 16 at once.
 	DefaultTenantShare = 0.5
 	// DefaultDeferDelay is how long an intent deferred past its tenant's
-	// share stays parked before it is tried again, and how often parked
-	// intents are re-driven.
+	// share waits before it is delivered again.
 	DefaultDeferDelay = time.Second
 	// DefaultShutdownTimeout bounds how long Run waits, once its context
 	// ends, for the intents in hand to be charged, recorded and acked.
@@ -111,13 +110,12 @@ type Config struct {
 	// TenantShare is the most of Concurrency (at least one slot) that one
 	// tenant's intents may hold at once, per consumer, in this process;
 	// in (0, 1], default DefaultTenantShare. An intent of a tenant at its
-	// share is deferred: parked out of the consumer's window for DeferDelay
-	// and re-driven (park.go), which does not count as a failed delivery,
-	// so that other tenants are served while its provider calls are slow.
+	// share is deferred: handed back (Nak) for DeferDelay, which does not
+	// count as a failed delivery, so that other tenants are served while
+	// its provider calls are slow.
 	TenantShare float64
-	// DeferDelay is how long a deferred intent stays parked before it is
-	// tried again, and the re-drive's interval (DefaultDeferDelay; at
-	// least 10 ms).
+	// DeferDelay is how long a deferred intent waits before it is
+	// delivered again (DefaultDeferDelay; at least 10 ms).
 	DeferDelay time.Duration
 	// StreamReplicas is the replication of the stream (if this process
 	// creates it) and of the consumers (1 when 0).

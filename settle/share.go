@@ -83,13 +83,6 @@ func (f *failures) deferral(seq uint64, now time.Time) {
 	f.update(seq, now, func(e *failure) { e.deferred++ })
 }
 
-// failed is how many failed deliveries of seq this process counted.
-func (f *failures) failed(seq uint64) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.bySeq[seq].n
-}
-
 // deferrals is how many deliveries of seq this process deferred (as far as
 // it remembers): none of them reached the provider.
 func (f *failures) deferrals(seq uint64) int {

@@ -14,17 +14,16 @@ type Stats struct {
 	// Duplicates counts deliveries of intents already recorded (acked
 	// without calling the provider).
 	Duplicates int64
-	// Deferred counts deliveries deferred because their tenant held its
-	// share of the slots; Parked those of them parked out of the window
-	// (the rest were handed back: the park failed).
-	Deferred, Parked int64
+	// Deferred counts deliveries handed back (Nak with Config.DeferDelay)
+	// because their tenant held its share of the slots.
+	Deferred int64
 }
 
 type counters struct {
 	chargesOK, chargesDeclined, refundsOK, refundsFailed atomic.Int64
 	chargeTransient, refundTransient                     atomic.Int64
 	chargeDead, refundDead, duplicates                   atomic.Int64
-	deferred, parked                                     atomic.Int64
+	deferred                                             atomic.Int64
 }
 
 func (c *counters) charged(ok bool) {
@@ -69,6 +68,6 @@ func (w *Worker) Stats() Stats {
 		RefundsSucceeded: c.refundsOK.Load(), RefundsFailed: c.refundsFailed.Load(),
 		ChargeTransient: c.chargeTransient.Load(), RefundTransient: c.refundTransient.Load(),
 		ChargeDeadLettered: c.chargeDead.Load(), RefundDeadLettered: c.refundDead.Load(),
-		Duplicates: c.duplicates.Load(), Deferred: c.deferred.Load(), Parked: c.parked.Load(),
+		Duplicates: c.duplicates.Load(), Deferred: c.deferred.Load(),
 	}
 }

@@ -346,10 +346,8 @@ func workerMetrics(w *settle.Worker) []metrics.Metric {
 			Read: kinds(func(s settle.Stats) (int64, int64) { return s.ChargeDeadLettered, s.RefundDeadLettered })},
 		{Name: "payment_duplicates_skipped_total", Help: "deliveries of intents found already recorded (most before the provider call; a racing copy after it, its answer the same charge by key)", Counter: true,
 			Read: metrics.One(func() int64 { return w.Stats().Duplicates })},
-		{Name: "payment_deferred_total", Help: "deliveries deferred (not failures) because their tenant held its share of this process's slots", Counter: true,
+		{Name: "payment_deferred_total", Help: "deliveries handed back (not failures) because their tenant held its share of this process's slots", Counter: true,
 			Read: metrics.One(func() int64 { return w.Stats().Deferred })},
-		{Name: "payment_parked_total", Help: "deferred intents parked in dead_letters out of the consumer's window, to be re-driven", Counter: true,
-			Read: metrics.One(func() int64 { return w.Stats().Parked })},
 	}
 }
 

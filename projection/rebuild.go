@@ -62,7 +62,7 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 	// committed after the walk passed it is left behind here; phase 2
 	// finds it.
 	var stats RebuildStats
-	discarded, err := r.discardedEvents(ctx)
+	discarded, err := r.discardedEvents(ctx, r.db)
 	if err != nil {
 		return stats, fmt.Errorf("rebuild %s: %w", name, err)
 	}
@@ -117,6 +117,28 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 		if _, err := tx.Exec(ctx, inShadow); err != nil {
 			return err
 		}
+		// A discard made while the walk ran: the walk may have applied
+		// what the live projection now skips for good.
+		now, err := r.discardedEvents(ctx, tx)
+		if err != nil {
+			return err
+		}
+		var late []uuid.UUID
+		for id := range now {
+			if !discarded[id] {
+				late = append(late, id)
+			}
+		}
+		if len(late) > 0 {
+			var applied int
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE projection = $1 AND event_id = ANY($2)`, name, late).Scan(&applied); err != nil {
+				return fmt.Errorf("look for events discarded during the rebuild: %w", err)
+			}
+			if applied > 0 {
+				return fmt.Errorf("%w: %d events were discarded as dead letters while it ran, after it applied them; run it again", ErrRebuildWouldLose, applied)
+			}
+		}
+		discarded := now
 		rows, _ := tx.Query(ctx, rebuildMissingSQL, name)
 		missing, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
@@ -287,8 +309,8 @@ func (r *Runner) applyLogged(ctx context.Context, tx pgx.Tx, log []loggedEvent, 
 // discardedEvents are the events discarded as dead letters of this
 // projection (`projector dead-letters discard`): skipped for good, so a
 // rebuild skips them too.
-func (r *Runner) discardedEvents(ctx context.Context) (map[uuid.UUID]bool, error) {
-	rows, _ := r.db.Query(ctx, `SELECT event_id FROM public.dead_letters WHERE projection = $1 AND status = 'discarded' AND event_id IS NOT NULL`, r.proj.Name())
+func (r *Runner) discardedEvents(ctx context.Context, db postgres.DB) (map[uuid.UUID]bool, error) {
+	rows, _ := db.Query(ctx, `SELECT event_id FROM public.dead_letters WHERE projection = $1 AND status = 'discarded' AND event_id IS NOT NULL`, r.proj.Name())
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
 		return nil, fmt.Errorf("read discarded dead letters: %w", err)

@@ -239,3 +239,49 @@ func TestARebuildSkipsADiscardedEventAsItsDiscardDid(t *testing.T) {
 		t.Errorf("the order's view is at version %d after the rebuild, want 3 (as live)", v)
 	}
 }
+
+// An event discarded as a dead letter while the rebuild's walk ran, after
+// the walk applied it: the swap would bring back the effect the operator
+// discarded, so the rebuild refuses and says to run it again.
+func TestARebuildRefusesWhenAnEventItAppliedIsDiscardedMeanwhile(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	ctx := context.Background()
+	env := createdEvent(t, uuid.Must(uuid.NewV7()))
+	f.logEvent(t, env)
+
+	// A live batch holds the projection's lock shared: the rebuild's walk
+	// is done and its swap waits when the discard is made.
+	live, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Rollback(ctx) //nolint:errcheck
+	if _, err := live.Exec(ctx, SharedLockSQL, AdvisoryClass, f.runner.Name()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.runner.Rebuild(ctx)
+		done <- err
+	}()
+	eventually(t, "the rebuild's swap waits for the projection's lock", func() bool {
+		return f.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = $1`, AdvisoryClass) == 1
+	})
+	payload, err := json.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(ctx, `INSERT INTO dead_letters (projection, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq, subject, payload, error, deliveries, status, resolved_at)
+VALUES ($1, $2, $3, $4, $5, 1, 'orders.order.created', $6, 'test', 1, 'discarded', now())`,
+		f.runner.Name(), env.TenantID, env.ID, env.AggregateID, env.AggregateVersion, payload); err != nil {
+		t.Fatal(err)
+	}
+	if err := live.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrRebuildWouldLose) {
+		t.Fatalf("rebuild: %v; want ErrRebuildWouldLose (an event it applied was discarded meanwhile)", err)
+	}
+}

@@ -364,13 +364,9 @@ func (s *Server) searchPaymentIntents(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, requestID, fmt.Errorf("marshal search: %w", err))
 		return
 	}
-	rows, err := s.pool.Query(r.Context(), `SELECT `+piColumns+` FROM payment_intents
+	rows, _ := s.pool.Query(r.Context(), `SELECT `+piColumns+` FROM payment_intents
 WHERE metadata @> $1 AND ($2 = '' OR status = $2) ORDER BY created_at DESC, id DESC LIMIT $3 OFFSET $4`,
 		metaJSON, status, limit+1, offset)
-	if err != nil {
-		s.internalError(w, r, requestID, fmt.Errorf("search payment intents: %w", err))
-		return
-	}
 	found, err := pgx.CollectRows(rows, pgx.RowToStructByName[LedgerCharge])
 	if err != nil {
 		s.internalError(w, r, requestID, fmt.Errorf("search payment intents: %w", err))
@@ -429,15 +425,11 @@ func (s *Server) listRefunds(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	rows, err := s.pool.Query(r.Context(), `SELECT `+refundColumns+`
+	rows, _ := s.pool.Query(r.Context(), `SELECT `+refundColumns+`
 FROM refunds r JOIN payment_intents pi ON pi.id = r.payment_intent_id
 WHERE ($1 = '' OR r.payment_intent_id = $1)
   AND ($2 = '' OR (r.created_at, r.id) < (SELECT created_at, id FROM refunds WHERE id = $2))
 ORDER BY r.created_at DESC, r.id DESC LIMIT $3`, q.Get("payment_intent"), after, limit+1)
-	if err != nil {
-		s.internalError(w, r, requestID, fmt.Errorf("list refunds: %w", err))
-		return
-	}
 	found, err := pgx.CollectRows(rows, pgx.RowToStructByName[LedgerRefund])
 	if err != nil {
 		s.internalError(w, r, requestID, fmt.Errorf("list refunds: %w", err))

@@ -42,8 +42,7 @@ func TestEveryBatchWaitsForARebuildSwap(t *testing.T) {
 			t.Fatalf("the batch committed (err %v) while a rebuild swap held the projection's lock", err)
 		default:
 		}
-		return f.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = $1`, AdvisoryClass) == 1
+		return f.lockWaiters(t) == 1
 	})
 	if err := swap.Rollback(ctx); err != nil {
 		t.Fatal(err)
@@ -54,4 +53,12 @@ WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.grant
 	if v, _ := f.view(t, orderID); v != 1 {
 		t.Fatalf("view version %d, want 1", v)
 	}
+}
+
+// lockWaiters is how many transactions wait for a projection's advisory
+// lock (a batch behind a rebuild's swap, or a swap behind a batch).
+func (f fixture) lockWaiters(t *testing.T) int {
+	t.Helper()
+	return f.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = $1`, AdvisoryClass)
 }

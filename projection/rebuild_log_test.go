@@ -82,8 +82,7 @@ VALUES ($1, $2, $3, $4, $5, $6, now())`, env.ID, env.TenantID, env.AggregateID, 
 			t.Fatalf("the rebuild ended (%+v) while a live batch held the projection's lock", r)
 		default:
 		}
-		return f.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = $1`, AdvisoryClass) == 1
+		return f.lockWaiters(t) == 1
 	})
 	if f.count(t, `SELECT count(*) FROM rebuild_order_views.inbox WHERE event_id = $1`, env.ID) != 0 {
 		t.Fatal("the first walk applied an event that had not committed")
@@ -265,10 +264,7 @@ func TestARebuildRefusesWhenAnEventItAppliedIsDiscardedMeanwhile(t *testing.T) {
 		_, err := f.runner.Rebuild(ctx)
 		done <- err
 	}()
-	eventually(t, "the rebuild's swap waits for the projection's lock", func() bool {
-		return f.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = $1`, AdvisoryClass) == 1
-	})
+	eventually(t, "the rebuild's swap waits for the projection's lock", func() bool { return f.lockWaiters(t) == 1 })
 	payload, err := json.Marshal(env)
 	if err != nil {
 		t.Fatal(err)

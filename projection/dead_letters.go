@@ -155,6 +155,13 @@ func (r *Runner) DiscardDeadLetter(ctx context.Context, id int64) (applied int, 
 func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied int, err error) {
 	err = postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
 		applied = 0
+		// As every batch does: a rebuild's swap (which holds the lock
+		// exclusively, and reads the discarded events under it) then sees
+		// this resolution whole or not at all, and neither waits for the
+		// other's position rows in turn.
+		if _, err := tx.Exec(ctx, SharedLockSQL, AdvisoryClass, r.proj.Name()); err != nil {
+			return err
+		}
 		dead, err := storedEvents(ctx, tx, `projection = $1 AND id = $2 AND status = 'open' FOR UPDATE`, r.proj.Name(), id)
 		if err != nil {
 			return err

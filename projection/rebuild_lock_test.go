@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 
 	"github.com/google/uuid"
@@ -61,4 +62,40 @@ func (f fixture) lockWaiters(t *testing.T) int {
 	t.Helper()
 	return f.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
 WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = $1`, AdvisoryClass)
+}
+
+// A dead letter's retry or discard takes the projection's lock shared, as
+// a batch does, so it waits for a rebuild's swap, which reads the
+// discarded events under the lock held exclusively.
+func TestAResolutionWaitsForARebuildSwap(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	ctx := context.Background()
+	swap, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer swap.Rollback(ctx) //nolint:errcheck
+	if _, err := swap.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, AdvisoryClass, f.runner.Name()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.runner.DiscardDeadLetter(ctx, 1) // no such dead letter: it finds that out after the lock
+		done <- err
+	}()
+	eventually(t, "the discard waits for the projection's lock", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the discard ended (%v) while a rebuild swap held the projection's lock", err)
+		default:
+		}
+		return f.lockWaiters(t) == 1
+	})
+	if err := swap.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrNoDeadLetter) {
+		t.Fatalf("discard after the swap: %v, want ErrNoDeadLetter", err)
+	}
 }

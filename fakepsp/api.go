@@ -342,15 +342,11 @@ func (s *Server) searchPaymentIntents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	limit, offset := 10, 0
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			invalidRequest(http.StatusBadRequest, "parameter_invalid_integer", "limit", "limit must be 1 to 100").write(w, requestID)
-			return
-		}
-		limit = n
+	limit, ok := listLimit(w, q, requestID)
+	if !ok {
+		return
 	}
+	offset := 0
 	if v := q.Get("page"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
@@ -389,6 +385,21 @@ WHERE metadata @> $1 AND ($2 = '' OR status = $2) ORDER BY created_at DESC, id D
 const refundColumns = `r.id, r.idempotency_key, r.payment_intent_id, pi.charge_id, r.amount, r.currency,
        r.status, r.failure_reason, r.metadata, r.created_at`
 
+// listLimit reads a list's limit parameter (1 to 100, default 10), as
+// Stripe does; it answers 400 and reports false if it is not one.
+func listLimit(w http.ResponseWriter, q url.Values, requestID string) (int, bool) {
+	v := q.Get("limit")
+	if v == "" {
+		return 10, true
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 100 {
+		invalidRequest(http.StatusBadRequest, "parameter_invalid_integer", "limit", "limit must be 1 to 100").write(w, requestID)
+		return 0, false
+	}
+	return n, true
+}
+
 // listRefunds answers Stripe's GET /v1/refunds: the refunds, newest first,
 // of one PaymentIntent (payment_intent) or of all, limit (1 to 100,
 // default 10) at a time, the next page starting_after the last id of the
@@ -404,14 +415,9 @@ func (s *Server) listRefunds(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	limit := 10
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			invalidRequest(http.StatusBadRequest, "parameter_invalid_integer", "limit", "limit must be 1 to 100").write(w, requestID)
-			return
-		}
-		limit = n
+	limit, ok := listLimit(w, q, requestID)
+	if !ok {
+		return
 	}
 	after := q.Get("starting_after")
 	if after != "" {

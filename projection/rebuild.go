@@ -18,7 +18,7 @@ import (
 // RebuildStats says what a rebuild did.
 type RebuildStats struct {
 	Events   int           // events applied to the new tables
-	Skipped  int           // events left out: they cannot be applied (logged)
+	LeftOut  int           // events left out: they cannot be applied (logged)
 	Duration time.Duration // from start to swap
 }
 
@@ -191,17 +191,17 @@ ON CONFLICT (projection, aggregate_id) DO UPDATE SET version = GREATEST(projecti
 	}
 	stats.Events += caughtUp
 	skipped = left
-	stats.Skipped = len(skipped)
-	if stats.Skipped > 0 {
+	stats.LeftOut = len(skipped)
+	if stats.LeftOut > 0 {
 		seqs := slices.Sorted(maps.Keys(skipped))
 		first := seqs[:min(len(seqs), 10)]
 		why := make([]string, len(first))
 		for i, seq := range first {
 			why[i] = fmt.Sprintf("seq %d: %s", seq, skipped[seq].reason)
 		}
-		r.logger.WarnContext(ctx, "rebuild left out events it could not apply", "projection", name, "skipped", stats.Skipped, "first", why)
+		r.logger.WarnContext(ctx, "rebuild left out events it could not apply", "projection", name, "left_out", stats.LeftOut, "first", why)
 	}
-	r.logger.InfoContext(ctx, "projection rebuilt", "events", stats.Events, "skipped", stats.Skipped, "duration", stats.Duration)
+	r.logger.InfoContext(ctx, "projection rebuilt", "events", stats.Events, "left_out", stats.LeftOut, "duration", stats.Duration)
 	return stats, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // A rebuild's swap holds the projection's lock exclusively so that no live
@@ -20,14 +21,7 @@ func TestEveryBatchWaitsForARebuildSwap(t *testing.T) {
 	f := newFixture(t, Config{})
 	ctx := context.Background()
 
-	swap, err := f.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer swap.Rollback(ctx) //nolint:errcheck
-	if _, err := swap.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, AdvisoryClass, f.runner.Name()); err != nil {
-		t.Fatal(err)
-	}
+	swap := f.holdLock(t, `SELECT pg_advisory_xact_lock($1, hashtext($2))`) // as a rebuild's swap does
 
 	orderID := uuid.Must(uuid.NewV7())
 	data, err := json.Marshal(createdEvent(t, orderID))
@@ -71,14 +65,7 @@ func TestAResolutionWaitsForARebuildSwap(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Config{})
 	ctx := context.Background()
-	swap, err := f.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer swap.Rollback(ctx) //nolint:errcheck
-	if _, err := swap.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, AdvisoryClass, f.runner.Name()); err != nil {
-		t.Fatal(err)
-	}
+	swap := f.holdLock(t, `SELECT pg_advisory_xact_lock($1, hashtext($2))`) // as a rebuild's swap does
 	done := make(chan error, 1)
 	go func() {
 		_, err := f.runner.DiscardDeadLetter(ctx, 1) // no such dead letter: it finds that out after the lock
@@ -98,4 +85,21 @@ func TestAResolutionWaitsForARebuildSwap(t *testing.T) {
 	if err := <-done; !errors.Is(err, ErrNoDeadLetter) {
 		t.Fatalf("discard after the swap: %v, want ErrNoDeadLetter", err)
 	}
+}
+
+// holdLock takes the projection's lock with sql (SharedLockSQL, as a batch,
+// or the exclusive lock, as a rebuild's swap) in a transaction of its own,
+// rolled back when the test ends if it has not been by then.
+func (f fixture) holdLock(t *testing.T, sql string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, sql, AdvisoryClass, f.runner.Name()); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }

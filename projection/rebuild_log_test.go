@@ -59,14 +59,7 @@ VALUES ($1, $2, $3, $4, $5, $6, now())`, env.ID, env.TenantID, env.AggregateID, 
 
 	// A live batch holds the projection's lock shared, so the rebuild's
 	// second walk waits for it; the late event commits meanwhile.
-	live, err := f.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer live.Rollback(ctx) //nolint:errcheck
-	if _, err := live.Exec(ctx, SharedLockSQL, AdvisoryClass, f.runner.Name()); err != nil {
-		t.Fatal(err)
-	}
+	live := f.holdLock(t, SharedLockSQL) // as a live batch
 	type result struct {
 		stats RebuildStats
 		err   error
@@ -144,7 +137,7 @@ func TestARebuildLeavesOutAnEventItCannotApply(t *testing.T) {
 	if err != nil {
 		t.Fatalf("one tenant's poison event failed the whole rebuild: %v", err)
 	}
-	if st.Skipped != len(poisoned) || st.Events != rebuildBatch+10+1 {
+	if st.LeftOut != len(poisoned) || st.Events != rebuildBatch+10+1 {
 		t.Errorf("rebuild stats %+v, want %d events and %d skipped (the poison event and its order's later ones)", st, rebuildBatch+11, len(poisoned))
 	}
 	if v, _ := f.view(t, good.AggregateID); v != 1 {
@@ -231,7 +224,7 @@ func TestARebuildSkipsADiscardedEventAsItsDiscardDid(t *testing.T) {
 	if err != nil {
 		t.Fatalf("rebuild after a discard: %v", err)
 	}
-	if st.Skipped != 0 || st.Events != len(envs)-1 {
+	if st.LeftOut != 0 || st.Events != len(envs)-1 {
 		t.Errorf("rebuild stats %+v, want %d events and none left out", st, len(envs)-1)
 	}
 	if v, _ := f.view(t, envs[0].AggregateID); v != 3 {
@@ -251,14 +244,7 @@ func TestARebuildRefusesWhenAnEventItAppliedIsDiscardedMeanwhile(t *testing.T) {
 
 	// A live batch holds the projection's lock shared: the rebuild's walk
 	// is done and its swap waits when the discard is made.
-	live, err := f.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer live.Rollback(ctx) //nolint:errcheck
-	if _, err := live.Exec(ctx, SharedLockSQL, AdvisoryClass, f.runner.Name()); err != nil {
-		t.Fatal(err)
-	}
+	live := f.holdLock(t, SharedLockSQL) // as a live batch
 	done := make(chan error, 1)
 	go func() {
 		_, err := f.runner.Rebuild(ctx)

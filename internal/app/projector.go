@@ -197,8 +197,8 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 			return err
 		}
 		fmt.Fprintf(stdout, "rebuilt %s from %d events in %s\n", r.Name(), stats.Events, stats.Duration.Round(time.Millisecond))
-		if stats.Skipped > 0 {
-			fmt.Fprintf(stdout, "left out %d events it cannot apply (logged at WARN with their seq and reason; the live projector dead-letters such events)\n", stats.Skipped)
+		if stats.LeftOut > 0 {
+			fmt.Fprintf(stdout, "left out %d events it cannot apply (logged at WARN with their seq and reason; the live projector dead-letters such events)\n", stats.LeftOut)
 		}
 		return nil
 	case "dead-letters list":

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -123,8 +124,15 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 	stopTimer := context.AfterFunc(ctx, func() { time.AfterFunc(w.cfg.ShutdownTimeout, cancelWork) })
 	defer stopTimer()
 
+	// The workers settle delivered intents and parked ones the re-drive
+	// leased (park.go), Concurrency at once in all.
 	slots, fails := newTenantSlots(w.cfg.tenantLimit()), newFailures(w.cfg.failureTTL())
+	jobs := make(chan parked)
+	var busy atomic.Int64
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		w.redrive(ctx, name, slots, jobs, func() int { return w.cfg.Concurrency - int(busy.Load()) })
+	})
 	for range w.cfg.Concurrency {
 		wg.Go(func() {
 			for {
@@ -132,7 +140,14 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 				case <-ctx.Done():
 					return
 				case m := <-msgs:
+					busy.Add(1)
 					w.process(work, name, slots, fails, m)
+					busy.Add(-1)
+				case p := <-jobs:
+					busy.Add(1)
+					w.settleParked(work, name, p)
+					slots.release(p.Tenant)
+					busy.Add(-1)
 				}
 			}
 		})
@@ -142,9 +157,9 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 }
 
 // process settles one delivered intent and acks, naks or terminates it.
-// An intent whose tenant holds its share of slots is deferred (see
-// Config.TenantShare) instead; a transient failure is retried until fails
-// counts Config.MaxDeliver of them.
+// An intent whose tenant holds its share of slots, or has intents parked,
+// is parked instead (park.go; see Config.TenantShare); a transient failure
+// is retried until fails counts Config.MaxDeliver of them.
 func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlots, fails *failures, m jetstream.Msg) {
 	var delivered uint64 = 1
 	var seq uint64
@@ -153,16 +168,11 @@ func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlot
 	}
 	env, err := domain.DecodeEnvelope(m.Data())
 	if err == nil {
-		if !slots.acquire(env.TenantID) {
-			// Not a failure: nothing was tried. The tenant's own intents
-			// in hand finish first; the others' go on meanwhile.
-			w.stats.deferred.Add(1)
-			if seq != 0 {
-				fails.deferral(seq, time.Now())
-			}
-			if err := m.NakWithDelay(w.cfg.DeferDelay); err != nil {
-				w.logger.WarnContext(ctx, "nak deferred intent (it will be redelivered after the ack wait)", "consumer", consumer, "stream_seq", seq, "err", err)
-			}
+		if !slots.acquireDirect(env.TenantID) {
+			// Not a failure: nothing was tried. The tenant's intents in
+			// hand and parked before finish first; the others' go on
+			// meanwhile.
+			w.park(ctx, consumer, m, env, seq, delivered, slots, fails)
 			return
 		}
 		defer slots.release(env.TenantID)
@@ -172,10 +182,10 @@ func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlot
 	r := result{verdict: dead, err: err}
 	if err == nil {
 		// Redelivered: an earlier delivery may have reached the provider,
-		// unless every one of them was deferred here. (One deferred by
+		// unless every one of them was handed back here. (One deferred by
 		// another process counts as one that may have: a look-up too many
 		// costs a call, one too few could cost a second charge.)
-		redelivered := int64(delivered)-int64(fails.deferrals(seq)) > 1
+		redelivered := int64(delivered)-int64(fails.get(seq).deferred) > 1
 		r = w.settleEnvelope(ctx, consumer, env, redelivered)
 	}
 	tracing.Fail(span, r.err)

@@ -77,8 +77,9 @@ const (
 	// to every other tenant, and a single busy tenant still settles with
 	// 16 at once.
 	DefaultTenantShare = 0.5
-	// DefaultDeferDelay is how long an intent deferred past its tenant's
-	// share waits before it is delivered again.
+	// DefaultDeferDelay is how often the re-drive looks for parked
+	// intents besides when a slot frees up (park.go), and how long an
+	// intent waits to be delivered again when its park failed.
 	DefaultDeferDelay = time.Second
 	// DefaultShutdownTimeout bounds how long Run waits, once its context
 	// ends, for the intents in hand to be charged, recorded and acked.
@@ -110,12 +111,15 @@ type Config struct {
 	// TenantShare is the most of Concurrency (at least one slot) that one
 	// tenant's intents may hold at once, per consumer, in this process;
 	// in (0, 1], default DefaultTenantShare. An intent of a tenant at its
-	// share is deferred: handed back (Nak) for DeferDelay, which does not
-	// count as a failed delivery, so that other tenants are served while
-	// its provider calls are slow.
+	// share is deferred: parked out of the consumer's window and re-driven
+	// when the tenant has a free slot (park.go), which does not count as a
+	// failed delivery, so that other tenants are served while its provider
+	// calls are slow.
 	TenantShare float64
-	// DeferDelay is how long a deferred intent waits before it is
-	// delivered again (DefaultDeferDelay; at least 10 ms).
+	// DeferDelay is how often the re-drive looks for parked intents
+	// besides when a slot frees up, and how long an intent whose park
+	// failed waits to be delivered again (DefaultDeferDelay; at least
+	// 10 ms).
 	DeferDelay time.Duration
 	// StreamReplicas is the replication of the stream (if this process
 	// creates it) and of the consumers (1 when 0).

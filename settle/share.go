@@ -8,16 +8,25 @@ import (
 // tenantSlots counts, per tenant, the intents of one consumer this process
 // is settling (a provider call, then its recording), and keeps each tenant
 // under limit, so that a tenant whose provider calls hang cannot hold every
-// slot and stall every other tenant's payments (G9).
+// slot and stall every other tenant's payments (G9). It also knows which
+// tenants have intents parked (park.go): theirs queue behind the parked
+// ones, and a slot one of them gives back wakes the re-drive.
 type tenantSlots struct {
 	limit int
+	// wake is signalled (without blocking) when a tenant with parked
+	// intents gives a slot back, or when an intent is parked.
+	wake chan struct{}
 
 	mu   sync.Mutex
 	held map[string]int
+	// parking holds the tenants with parked intents: those the last scan
+	// found (scanned), and those this process parked since it began.
+	parking map[string]time.Time // tenant → when last seen parking
+	scanned time.Time            // when the last scan began
 }
 
 func newTenantSlots(limit int) *tenantSlots {
-	return &tenantSlots{limit: limit, held: map[string]int{}}
+	return &tenantSlots{limit: limit, wake: make(chan struct{}, 1), held: map[string]int{}, parking: map[string]time.Time{}}
 }
 
 // acquire takes a slot for tenant and reports true, or reports false
@@ -32,29 +41,96 @@ func (s *tenantSlots) acquire(tenant string) bool {
 	return true
 }
 
+// acquireDirect is acquire for a delivered intent: a tenant with parked
+// intents gets no slot (its intent is parked behind them, in order), so
+// that a busy tenant's parked intents are not overtaken for ever.
+func (s *tenantSlots) acquireDirect(tenant string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.parking[tenant]; ok || s.held[tenant] >= s.limit {
+		return false
+	}
+	s.held[tenant]++
+	return true
+}
+
 // release gives back a slot acquire took.
 func (s *tenantSlots) release(tenant string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.held[tenant]--; s.held[tenant] <= 0 {
 		delete(s.held, tenant)
+	}
+	_, parking := s.parking[tenant]
+	s.mu.Unlock()
+	if parking {
+		s.signal()
+	}
+}
+
+// parked notes that this process parked an intent of tenant.
+func (s *tenantSlots) parked(tenant string, now time.Time) {
+	s.mu.Lock()
+	s.parking[tenant] = now
+	s.mu.Unlock()
+	s.signal()
+}
+
+// scanning notes that a scan of the parked tenants begins at now.
+func (s *tenantSlots) scanning(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.scanned = now
+}
+
+// found sets the tenants with parked intents to those a scan (begun at the
+// last scanning) found, and those parked here since it began.
+func (s *tenantSlots) found(tenants []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for t, at := range s.parking {
+		if at.Before(s.scanned) {
+			delete(s.parking, t)
+		}
+	}
+	for _, t := range tenants {
+		if _, ok := s.parking[t]; !ok {
+			s.parking[t] = s.scanned
+		}
+	}
+}
+
+// parkingTenants returns the tenants with parked intents, in no order.
+func (s *tenantSlots) parkingTenants() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ts := make([]string, 0, len(s.parking))
+	for t := range s.parking {
+		ts = append(ts, t)
+	}
+	return ts
+}
+
+func (s *tenantSlots) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
 }
 
 // failures counts, per message (its stream sequence), the deliveries this
 // process settled and that failed, so that an intent is dead-lettered after
-// Config.MaxDeliver failures, not after MaxDeliver deliveries: deferring an
-// intent past its tenant's share is a delivery too (JetStream counts every
-// redelivery), and an intent deferred often (its tenant is slow) must not be
-// dead-lettered for it.
+// Config.MaxDeliver failures, not after MaxDeliver deliveries: a delivery
+// handed back because its park failed is a delivery too (JetStream counts
+// every redelivery), and must not count as a failure.
 //
 // The count is this process's own: an intent that failed elsewhere, or
 // before a restart, starts again from 0 here, so it is retried longer,
 // never dead-lettered sooner. An entry is forgotten when its intent is
-// settled (done or dead-lettered) here, or once unseen for longer than ttl
-// (its intent went to another process). It also counts the deliveries it
-// deferred, which never reached the provider: an intent whose every earlier
-// delivery was deferred here needs no look-up by key before its first call.
+// settled (done, parked or dead-lettered) here, or once unseen for longer
+// than ttl (its intent went to another process). It also counts the
+// deliveries it handed back, which never reached the provider: an intent
+// whose every earlier delivery was handed back here needs no look-up by key
+// before its first call.
 type failures struct {
 	ttl time.Duration
 
@@ -65,7 +141,7 @@ type failures struct {
 
 type failure struct {
 	n        int // failed deliveries
-	deferred int // deliveries deferred past the tenant's share
+	deferred int // deliveries handed back without a provider call
 	seen     time.Time
 }
 
@@ -78,17 +154,16 @@ func (f *failures) add(seq uint64, now time.Time) int {
 	return f.update(seq, now, func(e *failure) { e.n++ }).n
 }
 
-// deferral counts one more delivery of seq deferred here.
+// deferral counts one more delivery of seq handed back here.
 func (f *failures) deferral(seq uint64, now time.Time) {
 	f.update(seq, now, func(e *failure) { e.deferred++ })
 }
 
-// deferrals is how many deliveries of seq this process deferred (as far as
-// it remembers): none of them reached the provider.
-func (f *failures) deferrals(seq uint64) int {
+// get is what this process remembers of seq.
+func (f *failures) get(seq uint64) failure {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.bySeq[seq].deferred
+	return f.bySeq[seq]
 }
 
 // update applies change to seq's entry, seen now, sweeping entries unseen
@@ -116,4 +191,17 @@ func (f *failures) forget(seq uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.bySeq, seq)
+}
+
+// giveBack returns k slots of tenant the re-drive took and did not use,
+// without waking it again (nothing of tenant's is due).
+func (s *tenantSlots) giveBack(tenant string, k int) {
+	if k <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[tenant] -= k; s.held[tenant] <= 0 {
+		delete(s.held, tenant)
+	}
 }

@@ -14,16 +14,18 @@ type Stats struct {
 	// Duplicates counts deliveries of intents already recorded (acked
 	// without calling the provider).
 	Duplicates int64
-	// Deferred counts deliveries handed back (Nak with Config.DeferDelay)
-	// because their tenant held its share of the slots.
-	Deferred int64
+	// Deferred counts deliveries deferred because their tenant held its
+	// share of the slots or had intents parked; Parked those of them
+	// parked out of the consumer's window (the rest were handed back: the
+	// park failed), and Redriven the parked intents leased and settled.
+	Deferred, Parked, Redriven int64
 }
 
 type counters struct {
 	chargesOK, chargesDeclined, refundsOK, refundsFailed atomic.Int64
 	chargeTransient, refundTransient                     atomic.Int64
 	chargeDead, refundDead, duplicates                   atomic.Int64
-	deferred                                             atomic.Int64
+	deferred, parked, redriven                           atomic.Int64
 }
 
 func (c *counters) charged(ok bool) {
@@ -69,5 +71,6 @@ func (w *Worker) Stats() Stats {
 		ChargeTransient: c.chargeTransient.Load(), RefundTransient: c.refundTransient.Load(),
 		ChargeDeadLettered: c.chargeDead.Load(), RefundDeadLettered: c.refundDead.Load(),
 		Duplicates: c.duplicates.Load(), Deferred: c.deferred.Load(),
+		Parked: c.parked.Load(), Redriven: c.redriven.Load(),
 	}
 }

@@ -81,7 +81,7 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	ackWait := env.Duration(fs, "ack-wait", "WORKER_ACK_WAIT", settle.DefaultAckWait, "redeliver an intent after this long without an ack")
 	maxDeliver := env.Int(fs, "max-deliver", "WORKER_MAX_DELIVER", settle.DefaultMaxDeliver, "dead-letter an intent after this many failed deliveries")
 	tenantShare := env.Int(fs, "tenant-share-percent", "WORKER_TENANT_SHARE_PERCENT", int(settle.DefaultTenantShare*100),
-		"most of -concurrency (percent, at least one slot) one tenant's intents hold at once; its excess is deferred")
+		"most of -concurrency (percent, at least one slot) one tenant's intents hold at once; its excess is parked out of the consumer's window")
 	replicas := env.Int(fs, "stream-replicas", "STREAM_REPLICAS", stream.DefaultReplicas, "replicas of the JetStream stream and consumers (3 on a cluster)")
 	poolSize := env.Int(fs, "db-pool-size", "DB_POOL_SIZE", DefaultWorkerPoolSize, "most PostgreSQL connections of this process")
 	logFormat := env.String(fs, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text on a terminal)")
@@ -346,8 +346,12 @@ func workerMetrics(w *settle.Worker) []metrics.Metric {
 			Read: kinds(func(s settle.Stats) (int64, int64) { return s.ChargeDeadLettered, s.RefundDeadLettered })},
 		{Name: "payment_duplicates_skipped_total", Help: "deliveries of intents found already recorded (most before the provider call; a racing copy after it, its answer the same charge by key)", Counter: true,
 			Read: metrics.One(func() int64 { return w.Stats().Duplicates })},
-		{Name: "payment_deferred_total", Help: "deliveries handed back (not failures) because their tenant held its share of this process's slots", Counter: true,
+		{Name: "payment_deferred_total", Help: "deliveries deferred (not failures) because their tenant held its share of this process's slots or had intents parked", Counter: true,
 			Read: metrics.One(func() int64 { return w.Stats().Deferred })},
+		{Name: "payment_parked_total", Help: "deferred intents parked in dead_letters out of the consumer's window", Counter: true,
+			Read: metrics.One(func() int64 { return w.Stats().Parked })},
+		{Name: "payment_redriven_total", Help: "parked intents leased and settled again by this process", Counter: true,
+			Read: metrics.One(func() int64 { return w.Stats().Redriven })},
 	}
 }
 

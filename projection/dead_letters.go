@@ -77,13 +77,14 @@ type DeadLetter struct {
 }
 
 // ListDeadLetters returns the unresolved (open and parked) dead letters of
-// every projection, or all of them with all set, oldest first.
-func ListDeadLetters(ctx context.Context, db postgres.DB, all bool) ([]DeadLetter, error) {
+// the projections names, or all of them with all set, oldest first. (The
+// table also holds the payment worker's, under its consumers' names.)
+func ListDeadLetters(ctx context.Context, db postgres.DB, names []string, all bool) ([]DeadLetter, error) {
 	rows, _ := db.Query(ctx, `
 SELECT id, projection, event_id, aggregate_id, aggregate_version, stream_seq, error, deliveries, status, created_at
 FROM dead_letters
-WHERE $1 OR status IN ('open', 'parked')
-ORDER BY id`, all)
+WHERE projection = ANY($1) AND ($2 OR status IN ('open', 'parked'))
+ORDER BY id`, names, all)
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
 }
 

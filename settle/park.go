@@ -22,32 +22,38 @@ import (
 // fill the window and stall every other tenant.
 //
 // The re-drive (redrive) runs beside the consumer's workers. Whenever a
-// tenant with parked intents gives a slot back, and every DeferDelay, it
-// leases the tenant's oldest due parked intents, as many as the tenant has
-// free slots and the process idle workers, tenants in a random order, and
-// hands them to the workers, which settle them as delivered ones (the
+// tenant with due parked intents gives a slot back, and every DeferDelay,
+// it leases the oldest due parked intents of each such tenant, one slot
+// at a time round the tenants (in a random order), up to the tenants' free
+// slots and Concurrency in all, and hands them to the workers, which take
+// them between delivered intents and settle them as delivered ones (the
 // recorded-outcome check, the provider call with the intent's own key, the
-// recording) and then mark them retried, park them again on the backoff,
-// or open them as dead letters after MaxDeliver attempts.
+// recording). A settled one is deleted (payment_inbox and payments hold its
+// outcome); a failed one is parked again on the backoff, and opened as a
+// dead letter after MaxDeliver failed deliveries (counted on the row, with
+// the ones before it was parked).
 //
-// G8 holds through the deliveries column, which counts the attempts that
+// G8 holds through the attempts column, which counts the attempts that
 // may have reached the provider: the lease adds one before the call, so an
 // intent leased again after any crash, abandon or lost update looks up the
-// charge (or refund) its key made first, as a redelivered one does. A
-// lease lasts AckWait; one that outlives it is harmless (a second copy
-// looks up the key, the provider replays it, the inbox records it once),
-// and each result is written only under its own lease (the deliveries
-// value the lease set). A crash between the park and the ack delivers the
-// intent again as well: both copies settle through the same inbox and key.
+// charge (or refund) its key made first, as a redelivered one does, and so
+// does one parked for over an hour (another copy of its event may have
+// reached the provider). A lease lasts AckWait; one that outlives it is
+// harmless for G8 (a second copy looks the key up, the provider replays
+// it, the inbox records it once), and each result is written only under
+// its own lease (the next_attempt_at the lease set, which every lease
+// moves forward). A crash between the park and the ack delivers the intent
+// again as well: both copies settle through the same inbox and key.
 const (
 	parkSQL = `
 INSERT INTO dead_letters (projection, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
-                          subject, payload, error, deliveries, status, next_attempt_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'parked', now())`
+                          subject, payload, error, deliveries, attempts, status, next_attempt_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'parked', now())`
 
 	// parkedTenantsSQL lists up to $2 tenants with parked intents of
-	// consumer $1: one probe of dead_letters_parked_tenant per tenant (a
-	// skip scan), however many intents each has parked.
+	// consumer $1, each with whether one is due: two probes of
+	// dead_letters_parked_tenant per tenant (a skip scan, then its
+	// earliest due time), however many intents each has parked.
 	parkedTenantsSQL = `
 WITH RECURSIVE t(tenant_id) AS (
     (SELECT tenant_id FROM dead_letters
@@ -59,7 +65,10 @@ WITH RECURSIVE t(tenant_id) AS (
             ORDER BY d.tenant_id LIMIT 1)
     FROM t WHERE t.tenant_id IS NOT NULL
 )
-SELECT tenant_id FROM t WHERE tenant_id IS NOT NULL LIMIT $2`
+SELECT t.tenant_id,
+       coalesce((SELECT min(d.next_attempt_at) FROM dead_letters d
+                 WHERE d.projection = $1 AND d.status = 'parked' AND d.tenant_id = t.tenant_id) <= now(), false)
+FROM t WHERE t.tenant_id IS NOT NULL LIMIT $2`
 
 	// leaseParkedSQL leases, for each tenant $2[i], up to $3[i] of its due
 	// parked intents of consumer $1, oldest due first, for $4 µs, counting
@@ -67,7 +76,7 @@ SELECT tenant_id FROM t WHERE tenant_id IS NOT NULL LIMIT $2`
 	// through an array: joined, the planner reads every row of the table.)
 	leaseParkedSQL = `
 UPDATE dead_letters d
-SET next_attempt_at = now() + $4::bigint * interval '1 microsecond', deliveries = d.deliveries + 1
+SET next_attempt_at = now() + $4::bigint * interval '1 microsecond', attempts = d.attempts + 1
 WHERE d.id = ANY (ARRAY(
       SELECT p.id
       FROM unnest($2::text[], $3::int[]) AS a(tenant_id, n)
@@ -77,18 +86,23 @@ WHERE d.id = ANY (ARRAY(
                           ORDER BY next_attempt_at
                           LIMIT a.n
                           FOR UPDATE SKIP LOCKED) p))
-RETURNING d.id, d.tenant_id, d.payload, d.deliveries`
+RETURNING d.id, d.tenant_id, d.payload, d.attempts, d.deliveries, d.next_attempt_at,
+          d.created_at < now() - interval '1 hour'`
 
 	// The results of a leased intent $1, written only under its own lease
-	// (deliveries = $2).
-	parkedDoneSQL  = `UPDATE dead_letters SET status = 'retried', resolved_at = now(), next_attempt_at = NULL WHERE id = $1 AND status = 'parked' AND deliveries = $2`
-	parkedAgainSQL = `UPDATE dead_letters SET next_attempt_at = now() + $3::bigint * interval '1 microsecond', error = $4 WHERE id = $1 AND status = 'parked' AND deliveries = $2`
-	parkedOpenSQL  = `UPDATE dead_letters SET status = 'open', error = $3, next_attempt_at = NULL WHERE id = $1 AND status = 'parked' AND deliveries = $2`
+	// (next_attempt_at = $2).
+	parkedDoneSQL  = `DELETE FROM dead_letters WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
+	parkedAgainSQL = `UPDATE dead_letters SET next_attempt_at = now() + $3::bigint * interval '1 microsecond', deliveries = $4, error = $5 WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
+	parkedOpenSQL  = `UPDATE dead_letters SET status = 'open', deliveries = $3, error = $4, next_attempt_at = NULL WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
 	// unleaseSQL hands back a lease never started (on shutdown).
-	unleaseSQL = `UPDATE dead_letters SET next_attempt_at = now(), deliveries = deliveries - 1 WHERE id = $1 AND status = 'parked' AND deliveries = $2`
+	unleaseSQL = `UPDATE dead_letters SET next_attempt_at = now(), attempts = attempts - 1 WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
 
-	// maxParkedTenants bounds the tenants one scan lists.
+	// maxParkedTenants bounds the tenants one scan lists; past it, a scan
+	// only adds to the tenants known to have parked intents.
 	maxParkedTenants = 10_000
+	// unleaseTimeout bounds handing back the leases in hand on shutdown:
+	// a lease left to expire is harmless.
+	unleaseTimeout = 5 * time.Second
 )
 
 // park writes the delivered intent m (env, of a tenant at its share or with
@@ -96,17 +110,17 @@ RETURNING d.id, d.tenant_id, d.payload, d.deliveries`
 // cannot be written, m is handed back for DeferDelay instead: never lost.
 func (w *Worker) park(ctx context.Context, consumer string, m jetstream.Msg, env domain.Envelope, seq, delivered uint64, slots *tenantSlots, fails *failures) {
 	w.stats.deferred.Add(1)
-	// Its attempts so far: the failed deliveries, and at least one if an
-	// earlier delivery may have reached the provider (one not handed back
-	// here, see process), so that its re-drive looks its charge up first.
+	// Its failed deliveries so far, and whether an earlier delivery may
+	// have reached the provider (one not handed back here, see process),
+	// so that its re-drive looks its charge up first.
 	f := fails.get(seq)
-	attempts := f.n
-	if attempts == 0 && int64(delivered)-int64(f.deferred) > 1 {
+	attempts := 0
+	if f.n > 0 || int64(delivered)-int64(f.deferred) > 1 {
 		attempts = 1
 	}
 	reason := fmt.Sprintf("deferred: tenant %s holds its share (%d) of this process's slots or has intents parked before", env.TenantID, w.cfg.tenantLimit())
 	if _, err := w.db.Exec(ctx, parkSQL, consumer, env.TenantID, env.ID, env.AggregateID, env.AggregateVersion, int64(seq),
-		m.Subject(), m.Data(), reason, int64(attempts)); err != nil {
+		m.Subject(), m.Data(), reason, int64(f.n), attempts); err != nil {
 		w.logger.WarnContext(ctx, "park deferred intent; handing it back instead", "consumer", consumer, "stream_seq", seq, "err", err)
 		if seq != 0 {
 			fails.deferral(seq, time.Now())
@@ -130,20 +144,28 @@ type parked struct {
 	ID      int64
 	Tenant  string
 	Payload []byte
-	// Lease is the row's deliveries after the lease: the attempts so far,
-	// this one included, and the value that fences this lease's result.
-	Lease int32
+	// Attempts counts the attempts that may have reached the provider,
+	// this one included.
+	Attempts int32
+	// Failures counts the failed deliveries before this one.
+	Failures int32
+	// Lease is the row's next_attempt_at as the lease set it: it fences
+	// this lease's result.
+	Lease time.Time
+	// Old says it was parked over an hour ago.
+	Old bool
 }
 
 // redrive leases due parked intents of consumer and sends them to jobs,
-// when a tenant with parked intents gives a slot back and every
-// DeferDelay, until ctx ends; idle says how many workers are free. Each
-// job holds a slot of its tenant, which the worker gives back.
-func (w *Worker) redrive(ctx context.Context, consumer string, slots *tenantSlots, jobs chan<- parked, idle func() int) {
+// when a tenant with due parked intents gives a slot back or parks one it
+// has a slot for, and every DeferDelay, until ctx ends. Each job holds a
+// slot of its tenant, which the worker gives back.
+func (w *Worker) redrive(ctx context.Context, consumer string, slots *tenantSlots, jobs chan<- parked) {
 	tick := time.NewTicker(w.cfg.DeferDelay)
 	defer tick.Stop()
 	w.scanParked(ctx, consumer, slots) // intents parked by a process gone
 	for {
+		w.leaseParked(ctx, consumer, slots, jobs)
 		select {
 		case <-ctx.Done():
 			return
@@ -151,77 +173,106 @@ func (w *Worker) redrive(ctx context.Context, consumer string, slots *tenantSlot
 			w.scanParked(ctx, consumer, slots)
 		case <-slots.wake:
 		}
-		w.leaseParked(ctx, consumer, slots, jobs, idle())
 	}
 }
 
-// scanParked refreshes which tenants have parked intents.
+// scanParked refreshes which tenants have parked intents, and which of
+// them have one due.
 func (w *Worker) scanParked(ctx context.Context, consumer string, slots *tenantSlots) {
 	slots.scanning(time.Now())
 	rows, _ := w.db.Query(ctx, parkedTenantsSQL, consumer, maxParkedTenants)
-	tenants, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type tenant struct {
+		ID  string
+		Due bool
+	}
+	tenants, err := pgx.CollectRows(rows, pgx.RowToStructByPos[tenant])
 	if err != nil {
 		if ctx.Err() == nil {
 			w.logger.WarnContext(ctx, "list tenants with parked intents; will try again", "consumer", consumer, "err", err)
 		}
 		return
 	}
-	slots.found(tenants)
+	due := make(map[string]bool, len(tenants))
+	for _, t := range tenants {
+		due[t.ID] = t.Due
+	}
+	slots.found(due, len(tenants) == maxParkedTenants)
 }
 
-// leaseParked leases up to n due parked intents, one slot of a tenant at a
-// time round the tenants with parked intents (in a random order, so that
-// none is always first), and hands them to jobs.
-func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenantSlots, jobs chan<- parked, n int) {
-	tenants := slots.parkingTenants()
-	rand.Shuffle(len(tenants), func(i, j int) { tenants[i], tenants[j] = tenants[j], tenants[i] })
-	allotted := map[string]int{}
-	for n > 0 {
-		took := false
-		for _, t := range tenants {
-			if n > 0 && slots.acquire(t) {
-				allotted[t]++
-				n--
-				took = true
+// leaseParked leases due parked intents, up to Concurrency in all, one
+// slot of a tenant at a time round the tenants with due parked intents and
+// free slots (in a random order, so that none is always first), and hands
+// them to jobs; a tenant that had fewer due than it was given slots for is
+// not asked again until it parks one or a scan finds one due.
+func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenantSlots, jobs chan<- parked) {
+	for n := w.cfg.Concurrency; n > 0 && ctx.Err() == nil; {
+		tenants := slots.dueTenants()
+		rand.Shuffle(len(tenants), func(i, j int) { tenants[i], tenants[j] = tenants[j], tenants[i] })
+		allotted := map[string]int{}
+		for left := n; left > 0; {
+			took := false
+			for _, t := range tenants {
+				if left > 0 && slots.acquire(t) {
+					allotted[t]++
+					left--
+					took = true
+				}
+			}
+			if !took {
+				break
 			}
 		}
-		if !took {
-			break
+		if len(allotted) == 0 {
+			return
 		}
-	}
-	if len(allotted) == 0 {
-		return
-	}
-	names, counts := make([]string, 0, len(allotted)), make([]int32, 0, len(allotted))
-	for t, k := range allotted {
-		names, counts = append(names, t), append(counts, int32(k))
-	}
-	rows, _ := w.db.Query(ctx, leaseParkedSQL, consumer, names, counts, w.cfg.AckWait.Microseconds())
-	leased, err := pgx.CollectRows(rows, pgx.RowToStructByPos[parked])
-	if err != nil {
-		if ctx.Err() == nil {
-			w.logger.WarnContext(ctx, "lease parked intents; will try again", "consumer", consumer, "err", err)
+		names, counts := make([]string, 0, len(allotted)), make([]int32, 0, len(allotted))
+		for t, k := range allotted {
+			names, counts = append(names, t), append(counts, int32(k))
 		}
-		leased = nil
-	}
-	for _, p := range leased {
-		allotted[p.Tenant]--
-	}
-	for t, k := range allotted {
-		slots.giveBack(t, k)
-	}
-	for i, p := range leased {
-		select {
-		case jobs <- p:
-		case <-ctx.Done():
-			for _, p := range leased[i:] {
-				if _, err := w.db.Exec(context.WithoutCancel(ctx), unleaseSQL, p.ID, p.Lease); err != nil {
-					w.logger.WarnContext(ctx, "hand back a leased parked intent (its lease expires instead)", "consumer", consumer, "id", p.ID, "err", err)
-				}
-				slots.giveBack(p.Tenant, 1)
+		rows, _ := w.db.Query(ctx, leaseParkedSQL, consumer, names, counts, w.cfg.AckWait.Microseconds())
+		leased, err := pgx.CollectRows(rows, pgx.RowToStructByPos[parked])
+		if err != nil {
+			// Rows leased before the error are tried again after their
+			// lease.
+			for t, k := range allotted {
+				slots.giveBack(t, k)
+			}
+			if ctx.Err() == nil {
+				w.logger.WarnContext(ctx, "lease parked intents; will try again", "consumer", consumer, "err", err)
 			}
 			return
 		}
+		for _, p := range leased {
+			allotted[p.Tenant]--
+		}
+		for t, k := range allotted {
+			if k > 0 {
+				slots.giveBack(t, k)
+				slots.dry(t)
+			}
+		}
+		for i, p := range leased {
+			select {
+			case jobs <- p:
+			case <-ctx.Done():
+				w.unlease(ctx, consumer, slots, leased[i:])
+				return
+			}
+		}
+		n -= len(leased)
+	}
+}
+
+// unlease hands back leases never started (on shutdown), within
+// unleaseTimeout: a lease left to expire is harmless.
+func (w *Worker) unlease(ctx context.Context, consumer string, slots *tenantSlots, ps []parked) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unleaseTimeout)
+	defer cancel()
+	for _, p := range ps {
+		if _, err := w.db.Exec(uctx, unleaseSQL, p.ID, p.Lease); err != nil {
+			w.logger.WarnContext(ctx, "hand back a leased parked intent (its lease expires instead)", "consumer", consumer, "id", p.ID, "err", err)
+		}
+		slots.giveBack(p.Tenant, 1)
 	}
 }
 
@@ -230,7 +281,8 @@ func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenant
 // provider, the charge or refund its key made is looked up first.
 func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 	w.stats.redriven.Add(1)
-	r := w.settle(ctx, consumer, p.Payload, p.Lease > 1)
+	r := w.settle(ctx, consumer, p.Payload, p.Attempts > 1 || p.Old)
+	failed := p.Failures + 1 // if this one failed
 	var err error
 	switch r.verdict {
 	case done:
@@ -241,19 +293,19 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 	case abandon: // its lease expires, and it is tried again (looked up first)
 		w.logger.WarnContext(ctx, "parked intent abandoned before recording; it is tried again after its lease", "consumer", consumer, "id", p.ID, "err", r.err)
 	case retry:
-		if int(p.Lease) < w.cfg.MaxDeliver {
-			delay := w.backoff(uint64(p.Lease))
+		if int(failed) < w.cfg.MaxDeliver {
+			delay := w.backoff(uint64(failed))
 			w.logger.WarnContext(ctx, "parked intent failed; retrying with the same key", "consumer", consumer, "id", p.ID,
-				"attempts", p.Lease, "retry_in", delay, "err", r.err)
-			_, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, p.Lease, delay.Microseconds(), r.err.Error())
+				"failures", failed, "retry_in", delay, "err", r.err)
+			_, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, p.Lease, delay.Microseconds(), failed, r.err.Error())
 			break
 		}
-		r.err = fmt.Errorf("still failing after %d attempts: %w", p.Lease, r.err)
+		r.err = fmt.Errorf("still failing after %d failed deliveries: %w", failed, r.err)
 		fallthrough
 	case dead:
 		w.stats.deadLettered(consumer)
 		w.logger.ErrorContext(ctx, "parked intent dead-lettered", "consumer", consumer, "id", p.ID, "err", r.err)
-		_, err = w.db.Exec(ctx, parkedOpenSQL, p.ID, p.Lease, r.err.Error())
+		_, err = w.db.Exec(ctx, parkedOpenSQL, p.ID, p.Lease, failed, r.err.Error())
 	}
 	if err != nil {
 		w.logger.WarnContext(ctx, "record a parked intent's result (it is tried again after its lease, and found recorded)", "consumer", consumer, "id", p.ID, "err", err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -128,11 +127,8 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 	// leased (park.go), Concurrency at once in all.
 	slots, fails := newTenantSlots(w.cfg.tenantLimit()), newFailures(w.cfg.failureTTL())
 	jobs := make(chan parked)
-	var busy atomic.Int64
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		w.redrive(ctx, name, slots, jobs, func() int { return w.cfg.Concurrency - int(busy.Load()) })
-	})
+	wg.Go(func() { w.redrive(ctx, name, slots, jobs) })
 	for range w.cfg.Concurrency {
 		wg.Go(func() {
 			for {
@@ -140,14 +136,10 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 				case <-ctx.Done():
 					return
 				case m := <-msgs:
-					busy.Add(1)
 					w.process(work, name, slots, fails, m)
-					busy.Add(-1)
 				case p := <-jobs:
-					busy.Add(1)
 					w.settleParked(work, name, p)
 					slots.release(p.Tenant)
-					busy.Add(-1)
 				}
 			}
 		})

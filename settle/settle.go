@@ -9,7 +9,9 @@
 // the provider replays its first answer for the same key, and the inbox
 // row makes a second recording a no-op. A failure no retry cures goes to
 // dead_letters (with the consumer's name in its projection column), where
-// `worker dead-letters retry|discard` resolves it.
+// `worker dead-letters retry|discard` resolves it. A tenant's excess over
+// its share of the slots waits there too, parked out of the consumer's
+// window until the re-drive settles it (park.go).
 package settle
 
 import (
@@ -95,9 +97,9 @@ type Config struct {
 	// (DefaultAckWait; at least 1 s).
 	AckWait time.Duration
 	// MaxDeliver: dead-letter an intent after this many failed deliveries
-	// (DefaultMaxDeliver), counted by this process (see failures):
-	// deliveries that were deferred past the tenant's share are not
-	// failures.
+	// (DefaultMaxDeliver), counted by this process while it is delivered
+	// (see failures) and on its row once it is parked (park.go): a
+	// deferral past the tenant's share is no failure.
 	MaxDeliver int
 	// MinBackoff and MaxBackoff bound the redelivery delay after a
 	// transient failure (DefaultMinBackoff, DefaultMaxBackoff).

@@ -9,24 +9,30 @@ import (
 // is settling (a provider call, then its recording), and keeps each tenant
 // under limit, so that a tenant whose provider calls hang cannot hold every
 // slot and stall every other tenant's payments (G9). It also knows which
-// tenants have intents parked (park.go): theirs queue behind the parked
-// ones, and a slot one of them gives back wakes the re-drive.
+// tenants have intents parked (park.go), and whether one is due: theirs
+// queue behind the parked ones, and a slot one of them gives back wakes the
+// re-drive.
 type tenantSlots struct {
 	limit int
-	// wake is signalled (without blocking) when a tenant with parked
-	// intents gives a slot back, or when an intent is parked.
+	// wake is signalled (without blocking) when a tenant with due parked
+	// intents gives a slot back, or parks one while it has a free slot.
 	wake chan struct{}
 
 	mu   sync.Mutex
 	held map[string]int
 	// parking holds the tenants with parked intents: those the last scan
-	// found (scanned), and those this process parked since it began.
-	parking map[string]time.Time // tenant → when last seen parking
-	scanned time.Time            // when the last scan began
+	// found, and those this process parked since it began.
+	parking map[string]parkState
+	scanned time.Time // when the last scan began
+}
+
+type parkState struct {
+	seen time.Time // when last seen parking
+	due  bool      // it may have a parked intent due
 }
 
 func newTenantSlots(limit int) *tenantSlots {
-	return &tenantSlots{limit: limit, wake: make(chan struct{}, 1), held: map[string]int{}, parking: map[string]time.Time{}}
+	return &tenantSlots{limit: limit, wake: make(chan struct{}, 1), held: map[string]int{}, parking: map[string]parkState{}}
 }
 
 // acquire takes a slot for tenant and reports true, or reports false
@@ -54,25 +60,55 @@ func (s *tenantSlots) acquireDirect(tenant string) bool {
 	return true
 }
 
-// release gives back a slot acquire took.
+// release gives back a slot acquire took, and wakes the re-drive if the
+// tenant has a parked intent due.
 func (s *tenantSlots) release(tenant string) {
 	s.mu.Lock()
 	if s.held[tenant]--; s.held[tenant] <= 0 {
 		delete(s.held, tenant)
 	}
-	_, parking := s.parking[tenant]
+	due := s.parking[tenant].due
 	s.mu.Unlock()
-	if parking {
+	if due {
 		s.signal()
 	}
 }
 
-// parked notes that this process parked an intent of tenant.
+// giveBack returns k slots of tenant the re-drive took and did not use,
+// without waking it again.
+func (s *tenantSlots) giveBack(tenant string, k int) {
+	if k <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[tenant] -= k; s.held[tenant] <= 0 {
+		delete(s.held, tenant)
+	}
+}
+
+// parked notes that this process parked an intent of tenant, due now, and
+// wakes the re-drive if tenant has a free slot for it.
 func (s *tenantSlots) parked(tenant string, now time.Time) {
 	s.mu.Lock()
-	s.parking[tenant] = now
+	s.parking[tenant] = parkState{seen: now, due: true}
+	free := s.held[tenant] < s.limit
 	s.mu.Unlock()
-	s.signal()
+	if free {
+		s.signal()
+	}
+}
+
+// dry notes that tenant had fewer parked intents due than the re-drive
+// asked for: it is not asked again until it parks one, or a scan finds one
+// due.
+func (s *tenantSlots) dry(tenant string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.parking[tenant]; ok {
+		st.due = false
+		s.parking[tenant] = st
+	}
 }
 
 // scanning notes that a scan of the parked tenants begins at now.
@@ -82,30 +118,38 @@ func (s *tenantSlots) scanning(now time.Time) {
 	s.scanned = now
 }
 
-// found sets the tenants with parked intents to those a scan (begun at the
-// last scanning) found, and those parked here since it began.
-func (s *tenantSlots) found(tenants []string) {
+// found takes the result of a scan begun at the last scanning: the tenants
+// with parked intents, each with whether one is due. A tenant the scan did
+// not list is dropped unless this process parked one of its intents since
+// the scan began, or the scan was truncated (it lists only so many).
+func (s *tenantSlots) found(due map[string]bool, truncated bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for t, at := range s.parking {
-		if at.Before(s.scanned) {
+	for t, st := range s.parking {
+		if _, listed := due[t]; !listed && !truncated && st.seen.Before(s.scanned) {
 			delete(s.parking, t)
 		}
 	}
-	for _, t := range tenants {
-		if _, ok := s.parking[t]; !ok {
-			s.parking[t] = s.scanned
+	for t, d := range due {
+		st, ok := s.parking[t]
+		if !ok || st.seen.Before(s.scanned) {
+			st = parkState{seen: s.scanned, due: d}
 		}
+		st.due = st.due || d
+		s.parking[t] = st
 	}
 }
 
-// parkingTenants returns the tenants with parked intents, in no order.
-func (s *tenantSlots) parkingTenants() []string {
+// dueTenants returns the tenants that may have a parked intent due and
+// have a free slot, in no order.
+func (s *tenantSlots) dueTenants() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ts := make([]string, 0, len(s.parking))
-	for t := range s.parking {
-		ts = append(ts, t)
+	var ts []string
+	for t, st := range s.parking {
+		if st.due && s.held[t] < s.limit {
+			ts = append(ts, t)
+		}
 	}
 	return ts
 }
@@ -191,17 +235,4 @@ func (f *failures) forget(seq uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.bySeq, seq)
-}
-
-// giveBack returns k slots of tenant the re-drive took and did not use,
-// without waking it again (nothing of tenant's is due).
-func (s *tenantSlots) giveBack(tenant string, k int) {
-	if k <= 0 {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.held[tenant] -= k; s.held[tenant] <= 0 {
-		delete(s.held, tenant)
-	}
 }

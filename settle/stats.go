@@ -17,7 +17,7 @@ type Stats struct {
 	// Deferred counts deliveries deferred because their tenant held its
 	// share of the slots or had intents parked; Parked those of them
 	// parked out of the consumer's window (the rest were handed back: the
-	// park failed), and Redriven the parked intents leased and settled.
+	// park failed), and Redriven the leases of parked intents tried.
 	Deferred, Parked, Redriven int64
 }
 

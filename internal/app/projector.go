@@ -501,7 +501,11 @@ func printStatus(ctx context.Context, runners []*projection.Runner, stdout io.Wr
 }
 
 func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, all bool, stdout io.Writer) error {
-	dls, err := projection.ListDeadLetters(ctx, pool, all)
+	var names []string
+	for _, p := range projections() {
+		names = append(names, p.Name())
+	}
+	dls, err := projection.ListDeadLetters(ctx, pool, names, all)
 	if err != nil {
 		return err
 	}

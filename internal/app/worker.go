@@ -350,7 +350,7 @@ func workerMetrics(w *settle.Worker) []metrics.Metric {
 			Read: metrics.One(func() int64 { return w.Stats().Deferred })},
 		{Name: "payment_parked_total", Help: "deferred intents parked in dead_letters out of the consumer's window", Counter: true,
 			Read: metrics.One(func() int64 { return w.Stats().Parked })},
-		{Name: "payment_redriven_total", Help: "parked intents leased and settled again by this process", Counter: true,
+		{Name: "payment_redriven_total", Help: "parked intents this process leased and tried again (each lease once)", Counter: true,
 			Read: metrics.One(func() int64 { return w.Stats().Redriven })},
 	}
 }

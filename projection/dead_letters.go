@@ -76,15 +76,16 @@ type DeadLetter struct {
 	CreatedAt        time.Time
 }
 
-// ListDeadLetters returns the unresolved (open and parked) dead letters of
-// the projections names, or all of them with all set, oldest first. (The
-// table also holds the payment worker's, under its consumers' names.)
-func ListDeadLetters(ctx context.Context, db postgres.DB, names []string, all bool) ([]DeadLetter, error) {
+// ListDeadLetters returns the unresolved (open and parked) dead letters,
+// or all of them with all set, oldest first, but those of the consumers
+// others: the table also holds the payment worker's, under its consumers'
+// names. (A projection renamed or retired keeps its dead letters listed.)
+func ListDeadLetters(ctx context.Context, db postgres.DB, others []string, all bool) ([]DeadLetter, error) {
 	rows, _ := db.Query(ctx, `
 SELECT id, projection, event_id, aggregate_id, aggregate_version, stream_seq, error, deliveries, status, created_at
 FROM dead_letters
-WHERE projection = ANY($1) AND ($2 OR status IN ('open', 'parked'))
-ORDER BY id`, names, all)
+WHERE projection <> ALL($1) AND ($2 OR status IN ('open', 'parked'))
+ORDER BY id`, others, all)
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
 }
 

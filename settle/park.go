@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/acme/orders/domain"
@@ -22,13 +23,14 @@ import (
 // fill the window and stall every other tenant.
 //
 // The re-drive (redrive) runs beside the consumer's workers. Whenever a
-// tenant with due parked intents gives a slot back, and every DeferDelay,
-// it leases the oldest due parked intents of each such tenant, one slot
+// tenant with due parked intents gives a slot back, and after each scan
+// (every DeferDelay), it leases the oldest due parked intents of each such tenant, one slot
 // at a time round the tenants (in a random order), up to the tenants' free
 // slots and Concurrency in all, and hands them to the workers, which take
 // them between delivered intents and settle them as delivered ones (the
 // recorded-outcome check, the provider call with the intent's own key, the
-// recording). A settled one is deleted (payment_inbox and payments hold its
+// recording); a job that waited half its lease for a worker is dropped,
+// and tried again after the lease. A settled one is deleted (payment_inbox and payments hold its
 // outcome); a failed one is parked again on the backoff, and opened as a
 // dead letter after MaxDeliver failed deliveries (counted on the row, with
 // the ones before it was parked).
@@ -38,7 +40,7 @@ import (
 // intent leased again after any crash, abandon or lost update looks up the
 // charge (or refund) its key made first, as a redelivered one does, and so
 // does one parked for over an hour (another copy of its event may have
-// reached the provider). A lease lasts AckWait; one that outlives it is
+// reached the provider). A lease lasts twice AckWait; one that outlives it is
 // harmless for G8 (a second copy looks the key up, the provider replays
 // it, the inbox records it once), and each result is written only under
 // its own lease (the next_attempt_at the lease set, which every lease
@@ -154,23 +156,48 @@ type parked struct {
 	Lease time.Time
 	// Old says it was parked over an hour ago.
 	Old bool
+
+	leasedAt time.Time // when its lease began, by this process's clock
 }
+
+// leaseFor is how long a lease of a parked intent lasts: twice AckWait, so
+// that an attempt (a look-up and a call, each with the adapter's retries)
+// ends well within it; it only delays a parked intent whose process died.
+func (w *Worker) leaseFor() time.Duration { return 2 * w.cfg.AckWait }
+
+// stale says the job p waited too long for a worker after its lease: half
+// its lease has gone, so it is dropped rather than started, and tried
+// again (looked up first) once the lease is over.
+func (w *Worker) stale(p parked) bool { return time.Since(p.leasedAt) > w.leaseFor()/2 }
 
 // redrive leases due parked intents of consumer and sends them to jobs,
 // when a tenant with due parked intents gives a slot back or parks one it
 // has a slot for, and every DeferDelay, until ctx ends. Each job holds a
 // slot of its tenant, which the worker gives back.
 func (w *Worker) redrive(ctx context.Context, consumer string, slots *tenantSlots, jobs chan<- parked) {
-	tick := time.NewTicker(w.cfg.DeferDelay)
-	defer tick.Stop()
 	w.scanParked(ctx, consumer, slots) // intents parked by a process gone
+	// The scans go on while a lease round waits for workers.
+	done := make(chan struct{})
+	defer func() { <-done }()
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(w.cfg.DeferDelay)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				w.scanParked(ctx, consumer, slots)
+				slots.signal()
+			}
+		}
+	}()
 	for {
 		w.leaseParked(ctx, consumer, slots, jobs)
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
-			w.scanParked(ctx, consumer, slots)
 		case <-slots.wake:
 		}
 	}
@@ -229,8 +256,13 @@ func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenant
 		for t, k := range allotted {
 			names, counts = append(names, t), append(counts, int32(k))
 		}
-		rows, _ := w.db.Query(ctx, leaseParkedSQL, consumer, names, counts, w.cfg.AckWait.Microseconds())
-		leased, err := pgx.CollectRows(rows, pgx.RowToStructByPos[parked])
+		began := time.Now()
+		rows, _ := w.db.Query(ctx, leaseParkedSQL, consumer, names, counts, w.leaseFor().Microseconds())
+		leased, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (parked, error) {
+			p, err := pgx.RowToStructByPos[parked](row)
+			p.leasedAt = began
+			return p, err
+		})
 		if err != nil {
 			// Rows leased before the error are tried again after their
 			// lease.
@@ -248,7 +280,7 @@ func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenant
 		for t, k := range allotted {
 			if k > 0 {
 				slots.giveBack(t, k)
-				slots.dry(t)
+				slots.dry(t, began)
 			}
 		}
 		for i, p := range leased {
@@ -280,16 +312,23 @@ func (w *Worker) unlease(ctx context.Context, consumer string, slots *tenantSlot
 // its row, under its lease. If an earlier attempt may have reached the
 // provider, the charge or refund its key made is looked up first.
 func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
+	if w.stale(p) {
+		w.logger.WarnContext(ctx, "parked intent waited half its lease for a worker; it is tried again after the lease", "consumer", consumer, "id", p.ID)
+		return
+	}
 	w.stats.redriven.Add(1)
 	r := w.settle(ctx, consumer, p.Payload, p.Attempts > 1 || p.Old)
 	failed := p.Failures + 1 // if this one failed
-	var err error
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
 	switch r.verdict {
 	case done:
 		if r.timing != nil && w.cfg.Observe != nil {
 			w.cfg.Observe(consumer, *r.timing)
 		}
-		_, err = w.db.Exec(ctx, parkedDoneSQL, p.ID, p.Lease)
+		tag, err = w.db.Exec(ctx, parkedDoneSQL, p.ID, p.Lease)
 	case abandon: // its lease expires, and it is tried again (looked up first)
 		w.logger.WarnContext(ctx, "parked intent abandoned before recording; it is tried again after its lease", "consumer", consumer, "id", p.ID, "err", r.err)
 	case retry:
@@ -297,7 +336,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 			delay := w.backoff(uint64(failed))
 			w.logger.WarnContext(ctx, "parked intent failed; retrying with the same key", "consumer", consumer, "id", p.ID,
 				"failures", failed, "retry_in", delay, "err", r.err)
-			_, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, p.Lease, delay.Microseconds(), failed, r.err.Error())
+			tag, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, p.Lease, delay.Microseconds(), failed, r.err.Error())
 			break
 		}
 		r.err = fmt.Errorf("still failing after %d failed deliveries: %w", failed, r.err)
@@ -305,9 +344,12 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 	case dead:
 		w.stats.deadLettered(consumer)
 		w.logger.ErrorContext(ctx, "parked intent dead-lettered", "consumer", consumer, "id", p.ID, "err", r.err)
-		_, err = w.db.Exec(ctx, parkedOpenSQL, p.ID, p.Lease, failed, r.err.Error())
+		tag, err = w.db.Exec(ctx, parkedOpenSQL, p.ID, p.Lease, failed, r.err.Error())
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		w.logger.WarnContext(ctx, "record a parked intent's result (it is tried again after its lease, and found recorded)", "consumer", consumer, "id", p.ID, "err", err)
+	case r.verdict != abandon && tag.RowsAffected() == 0:
+		w.logger.WarnContext(ctx, "a parked intent's lease ended before its result; the newer lease decides", "consumer", consumer, "id", p.ID, "verdict", r.verdict)
 	}
 }

@@ -99,13 +99,14 @@ func (s *tenantSlots) parked(tenant string, now time.Time) {
 	}
 }
 
-// dry notes that tenant had fewer parked intents due than the re-drive
-// asked for: it is not asked again until it parks one, or a scan finds one
-// due.
-func (s *tenantSlots) dry(tenant string) {
+// dry notes that tenant had fewer parked intents due than a lease begun
+// at since asked for: it is not asked again until it parks one, or a scan
+// finds one due. One it parked since the lease began (which the lease may
+// not have seen) keeps it due.
+func (s *tenantSlots) dry(tenant string, since time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if st, ok := s.parking[tenant]; ok {
+	if st, ok := s.parking[tenant]; ok && st.seen.Before(since) {
 		st.due = false
 		s.parking[tenant] = st
 	}

@@ -501,11 +501,7 @@ func printStatus(ctx context.Context, runners []*projection.Runner, stdout io.Wr
 }
 
 func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, all bool, stdout io.Writer) error {
-	var names []string
-	for _, p := range projections() {
-		names = append(names, p.Name())
-	}
-	dls, err := projection.ListDeadLetters(ctx, pool, names, all)
+	dls, err := projection.ListDeadLetters(ctx, pool, settle.Consumers, all)
 	if err != nil {
 		return err
 	}

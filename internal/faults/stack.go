@@ -200,7 +200,8 @@ func (s *stack) up(ctx context.Context) error {
 		s.procs[name] = &proc{name: name, bin: "worker", port: port, env: append(append([]string{}, commonEnv...),
 			"DATABASE_URL="+pgURL(s.pgPort), "NATS_URL="+natsURL(s.natsPort), s.pspURL("PAYMENT_PROVIDER_URL="),
 			"PAYMENT_PROVIDER_KEY=sk_test_local", fmt.Sprintf("WORKER_HTTP_ADDR=127.0.0.1:%d", port),
-			"WORKER_ACK_WAIT=5s", fmt.Sprintf("WORKER_MAX_DELIVER=%d", workerMaxDeliver))}
+			"WORKER_ACK_WAIT=5s", fmt.Sprintf("WORKER_MAX_DELIVER=%d", workerMaxDeliver),
+			fmt.Sprintf("WORKER_TENANT_SHARE_PERCENT=%d", workerSharePercent[i-1]))}
 	}
 	for _, p := range s.procs {
 		if err := s.start(p, nil, false); err != nil {
@@ -226,6 +227,13 @@ func (s *stack) up(ctx context.Context) error {
 // its order payment_pending and fail the drain); dead letters have their
 // own tests in settle.
 const workerMaxDeliver = 1000
+
+// workerSharePercent is each worker's WORKER_TENANT_SHARE_PERCENT: the
+// second holds a tenant to 3 of its 32 slots, so that under the suite's
+// load it parks intents out of the window and re-drives them (settle/park.go)
+// through every fault, beside a worker that mostly settles them as
+// delivered.
+var workerSharePercent = [2]int{50, 10}
 
 // pspURL is fakepsp's base URL, after prefix.
 func (s *stack) pspURL(prefix string) string {

@@ -118,6 +118,19 @@ func (r *rig) pay(t testing.TB, id uuid.UUID, method string) {
 	}
 }
 
+// payMany creates n orders of r.tenant, pays each and publishes its
+// payment.requested, in that order.
+func (r *rig) payMany(t testing.TB, n int) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = r.order(t)
+		r.pay(t, ids[i], domain.DefaultPaymentMethod)
+		r.publish(t, ids[i], domain.TypePaymentRequested, 0)
+	}
+	return ids
+}
+
 func (r *rig) cancel(t testing.TB, id uuid.UUID) {
 	t.Helper()
 	err := postgres.InTx(context.Background(), r.db, func(tx pgx.Tx) error {
@@ -550,12 +563,7 @@ func TestSlowTenantHoldsOnlyItsShareOfTheSlots(t *testing.T) {
 	release := slow.releaseOnCleanup(t)
 
 	r.tenant = "slowco"
-	slowOrders := make([]uuid.UUID, settle.DefaultConcurrency+8)
-	for i := range slowOrders {
-		slowOrders[i] = r.order(t)
-		r.pay(t, slowOrders[i], domain.DefaultPaymentMethod)
-		r.publish(t, slowOrders[i], domain.TypePaymentRequested, 0)
-	}
+	slowOrders := r.payMany(t, settle.DefaultConcurrency+8)
 	share := int64(settle.DefaultTenantShare * settle.DefaultConcurrency)
 	testenv.Eventually(t, 15*time.Second, "slowco holding its share of the slots", func() bool { return slow.blocked.Load() >= share })
 
@@ -688,12 +696,7 @@ func TestADeferredIntentIsChargedWithoutALookUp(t *testing.T) {
 	release := slow.releaseOnCleanup(t)
 
 	r.tenant = "slowco"
-	orders := make([]uuid.UUID, 3)
-	for i := range orders {
-		orders[i] = r.order(t)
-		r.pay(t, orders[i], domain.DefaultPaymentMethod)
-		r.publish(t, orders[i], domain.TypePaymentRequested, 0)
-	}
+	orders := r.payMany(t, 3)
 	testenv.Eventually(t, 15*time.Second, "slowco's one slot held and its other intents parked", func() bool {
 		return slow.blocked.Load() == 1 && w.Stats().Parked >= 2
 	})
@@ -768,12 +771,7 @@ func TestASlowTenantCannotFillTheConsumersWindow(t *testing.T) {
 	release := slow.releaseOnCleanup(t)
 
 	r.tenant = "slowco"
-	slowOrders := make([]uuid.UUID, 60) // three windows
-	for i := range slowOrders {
-		slowOrders[i] = r.order(t)
-		r.pay(t, slowOrders[i], domain.DefaultPaymentMethod)
-		r.publish(t, slowOrders[i], domain.TypePaymentRequested, 0)
-	}
+	slowOrders := r.payMany(t, 60) // three windows
 	testenv.Eventually(t, 15*time.Second, "slowco holding its share of the slots and its excess parked", func() bool {
 		return slow.blocked.Load() >= 2 && w.Stats().Parked >= int64(len(slowOrders))-2
 	})
@@ -865,12 +863,7 @@ func TestParkedIntentsAreServedWhileOtherTenantsKeepTheWorkersBusy(t *testing.T)
 	release := slow.releaseOnCleanup(t)
 
 	r.tenant = "slowco"
-	slowOrders := make([]uuid.UUID, 6) // 2 hang in its slots, 4 parked
-	for i := range slowOrders {
-		slowOrders[i] = r.order(t)
-		r.pay(t, slowOrders[i], domain.DefaultPaymentMethod)
-		r.publish(t, slowOrders[i], domain.TypePaymentRequested, 0)
-	}
+	slowOrders := r.payMany(t, 6) // 2 hang in its slots, 4 parked
 	testenv.Eventually(t, 15*time.Second, "slowco's excess parked", func() bool {
 		return slow.blocked.Load() == 2 && w.Stats().Parked >= 4
 	})

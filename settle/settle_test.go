@@ -574,12 +574,11 @@ func TestSlowTenantHoldsOnlyItsShareOfTheSlots(t *testing.T) {
 	r.waitStatus(t, id, "paid", 5*time.Second)
 	r.assertOneCharge(t, id)
 
-	// The excess is parked out of the consumer's window; re-drives find
-	// slowco still at its share meanwhile.
+	// The excess is parked out of the consumer's window (re-drives, one
+	// every deferDelay, find slowco still at its share meanwhile).
 	testenv.Eventually(t, 15*time.Second, "slowco's excess parked", func() bool {
 		return w.Stats().Parked >= int64(len(slowOrders))-share
 	})
-	time.Sleep(5 * deferDelay)
 	if n := slow.blocked.Load(); n != share {
 		t.Fatalf("slowco has %d charges in the provider, want its share %d", n, share)
 	}
@@ -700,7 +699,6 @@ func TestADeferredIntentIsChargedWithoutALookUp(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, "slowco's one slot held and its other intents parked", func() bool {
 		return slow.blocked.Load() == 1 && w.Stats().Parked >= 2
 	})
-	time.Sleep(200 * time.Millisecond) // re-drives that find slowco still at its share
 	release()
 	for _, o := range orders {
 		r.waitStatus(t, o, "paid", 15*time.Second)

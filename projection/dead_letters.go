@@ -185,9 +185,18 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 			// Skip it: move the position past it, but only from just before
 			// it; skipping a missing predecessor too would lose it silently.
 			var pos int64
-			if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM projection_positions WHERE projection = $1 AND aggregate_id = $2`,
-				r.proj.Name(), e.env.AggregateID).Scan(&pos); err != nil {
+			var owner string
+			err := tx.QueryRow(ctx, `SELECT version, tenant_id FROM projection_positions WHERE projection = $1 AND aggregate_id = $2`,
+				r.proj.Name(), e.env.AggregateID).Scan(&pos, &owner)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+			case err != nil:
 				return err
+			case owner != e.env.TenantID:
+				// It names another tenant's order: it never had a place in
+				// that order's versions, so nothing moves, and nothing of
+				// that order is parked behind it.
+				return nil
 			}
 			if pos != e.env.AggregateVersion-1 {
 				return fmt.Errorf("dead letter %d is version %d but the projection is at version %d of that order: resolve the earlier version first",
@@ -203,13 +212,17 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 				return err
 			}
 			if e.outcome != Applied && e.outcome != Duplicate && e.outcome != Stale {
+				if e.err != nil {
+					return fmt.Errorf("dead letter %d is still not applicable: %s: %w", id, e.outcome, e.err)
+				}
 				return fmt.Errorf("dead letter %d is still not applicable: %s", id, e.outcome)
 			}
 			if e.outcome == Applied {
 				applied++
 			}
 		}
-		parked, err := storedEvents(ctx, tx, `projection = $1 AND aggregate_id = $2 AND status = 'parked' FOR UPDATE`, r.proj.Name(), e.env.AggregateID)
+		parked, err := storedEvents(ctx, tx, `projection = $1 AND aggregate_id = $2 AND tenant_id = $3 AND status = 'parked' FOR UPDATE`,
+			r.proj.Name(), e.env.AggregateID, e.env.TenantID)
 		if err != nil || len(parked) == 0 {
 			return err
 		}

@@ -27,16 +27,17 @@ const (
 	SharedLockSQL = `SELECT pg_advisory_xact_lock_shared($1, hashtext($2))`
 
 	// PositionsLockSQL locks the position of every aggregate of the batch
-	// ($2, sorted, so that concurrent batches lock in the same order). One
+	// ($2, sorted, so that concurrent batches lock in the same order), and
+	// reads it with the tenant that owns the aggregate. One
 	// index probe per aggregate, whatever the table's statistics say: with
 	// "aggregate_id = ANY($2)" a table not analysed yet (a new deployment's
 	// first minute) got a plan that read every position of the projection,
 	// 15 ms a batch at 27k positions.
 	PositionsLockSQL = `
-SELECT p.aggregate_id, p.version
+SELECT p.aggregate_id, p.version, p.tenant_id
 FROM unnest($2::uuid[]) AS a(id)
 CROSS JOIN LATERAL (
-    SELECT aggregate_id, version FROM projection_positions
+    SELECT aggregate_id, version, tenant_id FROM projection_positions
     WHERE projection = $1 AND aggregate_id = a.id
     FOR UPDATE) AS p`
 
@@ -57,14 +58,17 @@ FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bigint[], $6::bigint[])
 ON CONFLICT (projection, event_id) DO NOTHING
 RETURNING event_id`
 
-	// Aggregates of the batch with an unresolved dead letter: whether one
-	// is open, and the lowest parked version. Their later events are
-	// parked behind it, not applied.
+	// Orders of the batch ($2 tenants, $3 aggregates) with an unresolved
+	// dead letter of their tenant: whether one is open, and the lowest
+	// parked version. Their later events are parked behind it, not
+	// applied. (Another tenant's dead letter naming the same order, a
+	// forged event, holds nothing back.)
 	deadAggregatesSQL = `
-SELECT aggregate_id, bool_or(status = 'open'), coalesce(min(aggregate_version) FILTER (WHERE status = 'parked'), 0)
-FROM dead_letters
-WHERE projection = $1 AND status IN ('open', 'parked') AND aggregate_id = ANY($2)
-GROUP BY aggregate_id`
+SELECT d.tenant_id, d.aggregate_id, bool_or(d.status = 'open'), coalesce(min(d.aggregate_version) FILTER (WHERE d.status = 'parked'), 0)
+FROM unnest($2::text[], $3::uuid[]) AS g(tenant_id, aggregate_id)
+JOIN dead_letters d ON d.projection = $1 AND d.aggregate_id = g.aggregate_id AND d.tenant_id = g.tenant_id
+WHERE d.status IN ('open', 'parked')
+GROUP BY d.tenant_id, d.aggregate_id`
 
 	// CheckpointAdvanceSQL moves the projection's stream checkpoint forward:
 	// an autocommit statement of the runner's checkpoint loop, never a
@@ -188,7 +192,9 @@ type Reached struct {
 //  1. lock the projection's position of every aggregate in the batch and
 //     sort each event: next in line (applied), already passed (stale), or
 //     ahead of a missing predecessor (gap, left for redelivery; parked in
-//     dead_letters if the aggregate has an open dead letter);
+//     dead_letters if the aggregate has an open dead letter); an event
+//     naming an order of another tenant (its position's, or that of the
+//     order's first event in the batch) is malformed (foreign);
 //  2. record applied and stale events in the inbox; one already there is a
 //     duplicate and is not applied again;
 //  3. apply the new events and advance the positions (the checkpoint
@@ -223,18 +229,27 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 	var recorded, gaps []*event // recorded: applied or stale, they go into the inbox
 	seen := make(map[uuid.UUID]bool, len(live))
 	for _, e := range live { // in (aggregate, version) order
+		pos, known := positions[e.env.AggregateID]
+		if !known { // the order's first event in the batch names its tenant
+			pos.tenant = e.env.TenantID
+			positions[e.env.AggregateID] = pos
+		}
+		if e.env.TenantID != pos.tenant {
+			e.outcome, e.err, e.permanent = Malformed, foreign(e.env, pos.tenant), true
+			continue
+		}
 		if seen[e.env.ID] { // the same event twice in one batch
 			e.outcome = Duplicate
 			continue
 		}
 		seen[e.env.ID] = true
-		pos := positions[e.env.AggregateID]
 		switch v := e.env.AggregateVersion; {
-		case v <= pos:
+		case v <= pos.version:
 			e.outcome = Stale
-		case v == pos+1:
+		case v == pos.version+1:
 			e.outcome = Applied
-			positions[e.env.AggregateID] = v
+			pos.version = v
+			positions[e.env.AggregateID] = pos
 		default:
 			e.outcome = Gap
 			gaps = append(gaps, e)
@@ -337,20 +352,21 @@ func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 	name := r.proj.Name()
 	var live []*event
 	var aggregates []uuid.UUID
-	before := map[uuid.UUID]int64{} // each order's position the batch needs
-	for _, e := range events {      // in (aggregate, version) order
+	before := map[uuid.UUID]position{} // each order's position the batch needs
+	for _, e := range events {         // in (aggregate, version) order
 		if e.undecodable {
 			continue
 		}
 		if n := len(live); n > 0 && live[n-1].env.AggregateID == e.env.AggregateID {
 			// The batch must hold an order's versions without a hole or a
-			// copy (a decoded version is at least 1: v-1 cannot overflow).
-			if e.env.AggregateVersion-1 != live[n-1].env.AggregateVersion {
+			// copy (a decoded version is at least 1: v-1 cannot overflow),
+			// all of one tenant.
+			if e.env.AggregateVersion-1 != live[n-1].env.AggregateVersion || e.env.TenantID != live[n-1].env.TenantID {
 				return false
 			}
 		} else {
 			aggregates = append(aggregates, e.env.AggregateID)
-			before[e.env.AggregateID] = e.env.AggregateVersion - 1
+			before[e.env.AggregateID] = position{version: e.env.AggregateVersion - 1, tenant: e.env.TenantID}
 		}
 		live = append(live, e)
 	}
@@ -365,9 +381,9 @@ func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 	b.Queue(SharedLockSQL, AdvisoryClass, name)
 	b.Queue(PositionsLockSQL, name, aggregates).Query(func(rows pgx.Rows) error {
 		var id uuid.UUID
-		var version int64
-		_, err := pgx.ForEachRow(rows, []any{&id, &version}, func() error {
-			premise = premise && version == before[id]
+		var at position
+		_, err := pgx.ForEachRow(rows, []any{&id, &at.version, &at.tenant}, func() error {
+			premise = premise && at == before[id]
 			delete(before, id) // left: the orders without a position
 			return nil
 		})
@@ -408,8 +424,8 @@ func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 		r.logger.DebugContext(ctx, "pipelined batch failed; applying it the careful way", "events", n, "err", err)
 		premise = false
 	}
-	for _, v := range before { // an order without a position needs its first event
-		premise = premise && v == 0
+	for _, p := range before { // an order without a position needs its first event
+		premise = premise && p.version == 0
 	}
 	if !premise {
 		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
@@ -430,9 +446,23 @@ func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 	return true
 }
 
+// position is where a projection stands on an order: the last version it
+// applied, and the tenant the order belongs to.
+type position struct {
+	version int64
+	tenant  string
+}
+
+// foreign is the error of an event that names an order of another tenant:
+// malformed, since no retry makes it that tenant's. Its dead letter is its
+// own tenant's and holds nothing of the order's tenant back.
+func foreign(env domain.Envelope, owner string) error {
+	return fmt.Errorf("%w: an event of tenant %q names order %s of tenant %q", domain.ErrMalformedEvent, env.TenantID, env.AggregateID, owner)
+}
+
 // lockPositions takes the projection's shared lock and then locks and reads
 // the positions of aggregates, in one round trip.
-func lockPositions(ctx context.Context, tx pgx.Tx, name string, aggregates []uuid.UUID) (map[uuid.UUID]int64, error) {
+func lockPositions(ctx context.Context, tx pgx.Tx, name string, aggregates []uuid.UUID) (map[uuid.UUID]position, error) {
 	b := &pgx.Batch{}
 	b.Queue(SharedLockSQL, AdvisoryClass, name)
 	b.Queue(PositionsLockSQL, name, aggregates)
@@ -442,11 +472,11 @@ func lockPositions(ctx context.Context, tx pgx.Tx, name string, aggregates []uui
 		return nil, fmt.Errorf("take the projection's shared lock: %w", err)
 	}
 	rows, _ := res.Query()
-	positions := make(map[uuid.UUID]int64, len(aggregates))
+	positions := make(map[uuid.UUID]position, len(aggregates))
 	var aggID uuid.UUID
-	var version int64
-	if _, err := pgx.ForEachRow(rows, []any{&aggID, &version}, func() error {
-		positions[aggID] = version
+	var at position
+	if _, err := pgx.ForEachRow(rows, []any{&aggID, &at.version, &at.tenant}, func() error {
+		positions[aggID] = at
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("lock projection positions: %w", err)
@@ -465,26 +495,26 @@ func (r *Runner) park(ctx context.Context, tx pgx.Tx, gaps []*event) error {
 	if len(gaps) == 0 {
 		return nil
 	}
-	aggs := make([]uuid.UUID, len(gaps))
+	tenants, aggs := make([]string, len(gaps)), make([]uuid.UUID, len(gaps))
 	for i, e := range gaps {
-		aggs[i] = e.env.AggregateID
+		tenants[i], aggs[i] = e.env.TenantID, e.env.AggregateID
 	}
 	type unresolved struct {
 		open         bool
 		lowestParked int64 // 0: none parked
 	}
-	held := map[uuid.UUID]unresolved{}
-	rows, _ := tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), aggs)
-	var id uuid.UUID
+	held := map[orderKey]unresolved{}
+	rows, _ := tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), tenants, aggs)
+	var k orderKey
 	var u unresolved
-	if _, err := pgx.ForEachRow(rows, []any{&id, &u.open, &u.lowestParked}, func() error {
-		held[id] = u
+	if _, err := pgx.ForEachRow(rows, []any{&k.tenant, &k.id, &u.open, &u.lowestParked}, func() error {
+		held[k] = u
 		return nil
 	}); err != nil {
 		return fmt.Errorf("find dead-lettered aggregates: %w", err)
 	}
 	for _, e := range gaps {
-		h, ok := held[e.env.AggregateID]
+		h, ok := held[keyOf(e.env)]
 		if !ok || e.msg == nil {
 			continue
 		}

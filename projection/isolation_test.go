@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/internal/testenv"
@@ -125,4 +129,108 @@ func TestOneBadEventCostsItsBatchAFewTransactionsNotOnePerEvent(t *testing.T) {
 	if s := f.runner.Stats(); s.Pipelined > 12 {
 		t.Errorf("%d transactions applied %d healthy events beside one bad one, want at most 12 (stats %+v)", s.Pipelined, healthy, s)
 	}
+}
+
+// An event that decodes but whose write misses its order's view (here an
+// order.paid that claims to be version 1 of an order nobody created, so
+// the gate lets it through as next in line) is the data's fault as much as
+// a malformed one: its batch is halved to find it, and it is dead-lettered
+// on its first delivery. As a transient failure it made the batch go one
+// event per transaction (51 here), on each of its deliveries.
+func TestAnEventThatMissesItsViewCostsItsBatchAFewTransactions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{Workers: 1, BatchSize: 100, BatchWait: 200 * time.Millisecond})
+	poison := orderEvents(t, "evil", "c-e")[1]
+	poison.AggregateVersion = 1
+	f.publish(t, poison, poison.ID.String())
+	const healthy = 50
+	for range healthy {
+		e := orderEvents(t, "healthy", "c-h")[0]
+		f.publish(t, e, e.ID.String())
+	}
+	f.run(t)
+	eventually(t, "the healthy events are applied and the bad one dead-lettered", func() bool {
+		s := f.runner.Stats()
+		return s.Applied == healthy && s.DeadLettered == 1
+	})
+	if s := f.runner.Stats(); s.Pipelined > 12 {
+		t.Errorf("%d transactions applied %d healthy events beside one bad one, want at most 12 (stats %+v)", s.Pipelined, healthy, s)
+	}
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = $1 AND status = 'open' AND deliveries = 1`, poison.ID); n != 1 {
+		t.Errorf("the bad event has %d open dead letters after its first delivery, want 1", n)
+	}
+}
+
+// forgeFor copies env as another event of tenant: same order, same
+// version, a new id, as a tenant that learnt another's order id could
+// publish it.
+func forgeFor(env domain.Envelope, tenant string) domain.Envelope {
+	env.ID = uuid.Must(uuid.NewV7())
+	env.TenantID = tenant
+	return env
+}
+
+// An event of one tenant that names another tenant's order is malformed:
+// it is dead-lettered under its own tenant, and the order's own events
+// apply as if it had never come. Before, it took the order's next version
+// (the positions are per order, not per tenant): it moved tenant B's
+// summary (a paid order B never had, its money too), tenant A's own v2
+// was dropped as stale, and A's summary went negative.
+func TestAnEventNamingAnotherTenantsOrderChangesNothingOfIt(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Workers: 1}
+	f := newFixture(t, cfg)
+	f.runner = mustRunner(t, f.db, f.js, CustomerSummaries{}, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
+	f.run(t)
+
+	a := orderEvents(t, "tA", "c-a") // created v1, paid v2, shipped v3
+	f.publish(t, a[0], a[0].ID.String())
+	eventually(t, "tenant A's v1 applied", func() bool { return f.runner.Stats().Applied == 1 })
+	forged := forgeFor(a[1], "tB")
+	f.publish(t, forged, forged.ID.String())
+	eventually(t, "the forged event dead-lettered", func() bool { return f.runner.Stats().Malformed == 1 })
+	f.publish(t, a[1], a[1].ID.String())
+	f.publish(t, a[2], a[2].ID.String())
+	eventually(t, "tenant A's v2 and v3 applied", func() bool { return f.runner.Stats().Applied == 3 })
+
+	type summary struct {
+		Tenant                        string
+		Pending, Paid, Shipped, Total int64
+	}
+	rows, _ := f.db.Query(context.Background(), `SELECT tenant_id, orders_pending, orders_paid, orders_shipped, total_paid FROM customer_summaries ORDER BY tenant_id`)
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[summary])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []summary{{Tenant: "tA", Shipped: 1, Total: 1000}}
+	if !slices.Equal(got, want) {
+		t.Errorf("customer summaries %+v, want %+v", got, want)
+	}
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = $1 AND tenant_id = 'tB' AND status = 'open' AND error LIKE '%names order%'`, forged.ID); n != 1 {
+		t.Errorf("%d open dead letters of tenant tB name the forged event as another tenant's, want 1", n)
+	}
+}
+
+// Another tenant's dead letter naming an order holds none of the order's
+// own events back: tenant A's v3, on its last delivery before its v2
+// came, waits for v2 and is applied after it. Before, it was parked behind
+// tenant B's open dead letter until an operator resolved B's.
+func TestAnotherTenantsDeadLetterHoldsNothingOfTheOrderBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{Workers: 1, MaxDeliver: 2, GapDelay: 10 * time.Millisecond, RedriveInterval: 50 * time.Millisecond})
+	f.run(t)
+	a := orderEvents(t, "tA", "c-a")
+	f.publish(t, a[0], a[0].ID.String())
+	eventually(t, "tenant A's v1 applied", func() bool { return f.runner.Stats().Applied == 1 })
+	forged := forgeFor(a[1], "tB")
+	f.publish(t, forged, forged.ID.String())
+	eventually(t, "the forged event dead-lettered", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE tenant_id = 'tB' AND status = 'open'`) == 1
+	})
+	f.publish(t, a[2], a[2].ID.String())
+	eventually(t, "tenant A's v3 parked on its last delivery", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = $1 AND status = 'parked'`, a[2].ID) == 1
+	})
+	f.publish(t, a[1], a[1].ID.String())
+	eventually(t, "tenant A's order at v3", func() bool { v, _ := f.view(t, a[0].AggregateID); return v == 3 })
 }

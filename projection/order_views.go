@@ -195,10 +195,17 @@ func jsonPatch(kv ...any) map[string]any {
 }
 
 // queueOne queues an update that must hit exactly the event's view row.
+// Missing it is permanent: the gate let the event through as next in line
+// for its order, so the view should be there, and no redelivery brings it
+// (an order's first event that is not order.created, say, or an event
+// naming another tenant's order). As a permanent failure its batch is
+// halved to find it and it is dead-lettered on its first delivery; as a
+// transient one it made every batch it came in go one event per
+// transaction, on each of its deliveries.
 func queueOne(b *pgx.Batch, env domain.Envelope, sql string, args ...any) {
 	b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
 		if tag.RowsAffected() != 1 {
-			return fmt.Errorf("apply %s v%d: no view of order %s", env.Type, env.AggregateVersion, env.AggregateID)
+			return fmt.Errorf("%w: apply %s v%d: no view of order %s of tenant %q", ErrPermanent, env.Type, env.AggregateVersion, env.AggregateID, env.TenantID)
 		}
 		return nil
 	})

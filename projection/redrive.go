@@ -23,6 +23,7 @@ import (
 const redriveClause = `projection = $1 AND status = 'parked' AND next_attempt_at <= now()
   AND NOT EXISTS (SELECT 1 FROM dead_letters o
                   WHERE o.projection = dead_letters.projection AND o.aggregate_id = dead_letters.aggregate_id
+                    AND o.tenant_id = dead_letters.tenant_id
                     AND o.status = 'open' AND o.aggregate_version < dead_letters.aggregate_version)
 ORDER BY next_attempt_at
 LIMIT $2
@@ -157,8 +158,8 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event,
 	if err != nil {
 		return err
 	}
-	opened := map[uuid.UUID]bool{} // aggregates dead-lettered in this pass
-	var applied []uuid.UUID        // aggregates with events applied in this pass
+	opened := map[orderKey]bool{} // orders dead-lettered in this pass
+	var applied []uuid.UUID       // aggregates with events applied in this pass
 	b := &pgx.Batch{}
 	for _, e := range events {
 		deliveries := e.deliveries + 1
@@ -173,7 +174,7 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event,
 			status, reason = statusOpen, fmt.Sprintf("failed %d times; last error: %v", deliveries, e.err)
 		case e.err != nil:
 			reason = fmt.Sprintf("re-driven; failed %d times; last error: %v", deliveries, e.err)
-		case e.outcome == Gap && (opened[e.env.AggregateID] || held[e.env.ID] == reasonBehindOpen):
+		case e.outcome == Gap && (opened[keyOf(e.env)] || held[e.env.ID] == reasonBehindOpen):
 			reason, deliveries, retryIn = reasonBehindOpen, e.deliveries, noAttempt
 		case e.outcome == Gap && held[e.env.ID] != "":
 			// The re-drive that applies the predecessor makes it due; the
@@ -195,7 +196,7 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event,
 			}
 		}
 		if status == statusOpen && !e.undecodable {
-			opened[e.env.AggregateID] = true // its later events in this batch stay parked behind it
+			opened[keyOf(e.env)] = true // its later events in this batch stay parked behind it
 		}
 		if status == statusOpen {
 			counts[DeadLettered]++
@@ -214,16 +215,16 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event,
 }
 
 // redriveHeldBackSQL finds, of the gap events $2 (aggregates $3, versions
-// $4), those that an unresolved dead letter of their order holds back: an
-// open one (of any version), or a parked earlier version. It returns each
-// such event's id and whether an open one holds it.
+// $4, tenants $5), those that an unresolved dead letter of their order (and
+// tenant) holds back: an open one (of any version), or a parked earlier
+// version. It returns each such event's id and whether an open one holds it.
 const redriveHeldBackSQL = `
 SELECT g.event_id,
        EXISTS (SELECT 1 FROM dead_letters d
-               WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id AND d.status = 'open')
-FROM unnest($2::uuid[], $3::uuid[], $4::bigint[]) AS g(event_id, aggregate_id, version)
+               WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id AND d.tenant_id = g.tenant_id AND d.status = 'open')
+FROM unnest($2::uuid[], $3::uuid[], $4::bigint[], $5::text[]) AS g(event_id, aggregate_id, version, tenant_id)
 WHERE EXISTS (SELECT 1 FROM dead_letters d
-              WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id
+              WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id AND d.tenant_id = g.tenant_id
                 AND (d.status = 'open' OR (d.status = 'parked' AND d.aggregate_version < g.version)))`
 
 // heldBackInTx maps each re-driven gap event of events that an unresolved
@@ -233,16 +234,18 @@ WHERE EXISTS (SELECT 1 FROM dead_letters d
 func (r *Runner) heldBackInTx(ctx context.Context, tx pgx.Tx, events []*event) (map[uuid.UUID]string, error) {
 	var ids, aggs []uuid.UUID
 	var versions []int64
+	var tenants []string
 	for _, e := range events {
 		if e.err == nil && e.outcome == Gap {
 			ids, aggs, versions = append(ids, e.env.ID), append(aggs, e.env.AggregateID), append(versions, e.env.AggregateVersion)
+			tenants = append(tenants, e.env.TenantID)
 		}
 	}
 	held := map[uuid.UUID]string{}
 	if len(ids) == 0 {
 		return held, nil
 	}
-	rows, _ := tx.Query(ctx, redriveHeldBackSQL, r.proj.Name(), ids, aggs, versions)
+	rows, _ := tx.Query(ctx, redriveHeldBackSQL, r.proj.Name(), ids, aggs, versions, tenants)
 	var id uuid.UUID
 	var open bool
 	if _, err := pgx.ForEachRow(rows, []any{&id, &open}, func() error {

@@ -420,6 +420,17 @@ type event struct {
 	err         error
 }
 
+// orderKey names an order as its events do: the tenant and the aggregate.
+// An unresolved dead letter holds back the later events of its own
+// tenant's order only, so that an event naming another tenant's order (a
+// forged one) parks nothing of that tenant's.
+type orderKey struct {
+	tenant string
+	id     uuid.UUID
+}
+
+func keyOf(env domain.Envelope) orderKey { return orderKey{env.TenantID, env.AggregateID} }
+
 func fromMessage(m jetstream.Msg) *event {
 	e := &event{msg: m, subject: m.Subject(), data: m.Data(), deliveries: 1}
 	if meta, err := m.Metadata(); err == nil {
@@ -547,8 +558,8 @@ func (r *Runner) keepInProgress(msgs []jetstream.Msg) (stop func()) {
 
 // settle acks, naks or terminates each message after the transaction.
 func (r *Runner) settle(ctx context.Context, events []*event) {
-	dead := map[uuid.UUID]bool{}        // aggregates dead-lettered in this pass
-	deferredAgg := map[uuid.UUID]bool{} // aggregates with an event deferred in this pass
+	dead := map[orderKey]bool{}        // orders dead-lettered in this pass
+	deferredAgg := map[orderKey]bool{} // orders with an event deferred in this pass
 	var deferred []deferral
 	defer func() { r.deferAll(ctx, deferred) }()
 	for _, e := range events { // in (aggregate, version) order
@@ -557,22 +568,22 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 		case e.outcome == Malformed:
 			r.deadLetterAndTerm(ctx, e, e.err.Error())
 			r.stats[Malformed].Add(1)
-			dead[e.env.AggregateID] = !e.undecodable
+			dead[keyOf(e.env)] = !e.undecodable
 			continue
 		case e.err != nil && e.permanent:
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("permanent failure (no retry can fix it): %v", e.err))
-			dead[e.env.AggregateID] = true
+			dead[keyOf(e.env)] = true
 			continue
 		case e.err != nil && final:
 			r.deadLetterAndTerm(ctx, e, fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err))
-			dead[e.env.AggregateID] = true
+			dead[keyOf(e.env)] = true
 			continue
-		case e.outcome == Gap && final && deferredAgg[e.env.AggregateID]:
+		case e.outcome == Gap && final && deferredAgg[keyOf(e.env)]:
 			// Its predecessor is deferred in this pass: park it behind it,
 			// in the same statement.
 			deferred = append(deferred, deferral{e: e, retryIn: r.retryDelay(e.deliveries), reason: reasonBehindParked})
 			continue
-		case e.outcome == Gap && final && !dead[e.env.AggregateID]:
+		case e.outcome == Gap && final && !dead[keyOf(e.env)]:
 			held, err := r.heldBack(ctx, e)
 			if err != nil {
 				// Unknown: neither park nor dead-letter on a guess; ask
@@ -597,7 +608,7 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 				r.parkAndAck(ctx, e, waitingFor(e), r.gapDelay(e.deliveries))
 			}
 			continue
-		case e.outcome == Gap && dead[e.env.AggregateID]:
+		case e.outcome == Gap && dead[keyOf(e.env)]:
 			r.parkAndAck(ctx, e, reasonBehindOpen, noAttempt)
 			continue
 		}
@@ -606,7 +617,7 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 		case e.err != nil:
 			r.logger.ErrorContext(ctx, "event failed; will be redelivered", "event_id", e.env.ID, "deliveries", e.deliveries, "err", e.err)
 			if d, ok := r.delay(ctx, e, r.retryDelay(e.deliveries), fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err)); !ok {
-				deferred, deferredAgg[e.env.AggregateID] = append(deferred, d), true
+				deferred, deferredAgg[keyOf(e.env)] = append(deferred, d), true
 			}
 		case e.outcome == Gap && r.gapDelay(e.deliveries) < gapCountsFrom:
 			// Not counted against the tenant's share yet: its predecessor
@@ -623,7 +634,7 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			// fill the window. Past the share it is parked, and re-driven.
 			r.stats[Gap].Add(1)
 			if d, ok := r.delay(ctx, e, r.gapDelay(e.deliveries), fmt.Sprintf("waiting for version %d of its order", e.env.AggregateVersion-1)); !ok {
-				deferred, deferredAgg[e.env.AggregateID] = append(deferred, d), true
+				deferred, deferredAgg[keyOf(e.env)] = append(deferred, d), true
 			}
 		default:
 			err = e.msg.Ack()
@@ -652,9 +663,9 @@ const (
 // unknown (never "no").
 func (r *Runner) heldBack(ctx context.Context, e *event) (string, error) {
 	var open, parked bool
-	if err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'open'),
-       EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND status = 'parked' AND aggregate_version < $3)`,
-		r.proj.Name(), e.env.AggregateID, e.env.AggregateVersion).Scan(&open, &parked); err != nil {
+	if err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND tenant_id = $4 AND status = 'open'),
+       EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND tenant_id = $4 AND status = 'parked' AND aggregate_version < $3)`,
+		r.proj.Name(), e.env.AggregateID, e.env.AggregateVersion, e.env.TenantID).Scan(&open, &parked); err != nil {
 		return "", fmt.Errorf("look up unresolved dead letters of aggregate %s: %w", e.env.AggregateID, err)
 	}
 	switch {

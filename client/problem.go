@@ -45,6 +45,9 @@ type Problem struct {
 	// MismatchedFields names the request fields that differ from the
 	// request the Idempotency-Key was first used with.
 	MismatchedFields []string `json:"mismatched_fields,omitempty"`
+	// FirstUsedFor names the method and route the Idempotency-Key was
+	// first used for, when this request reused it on another.
+	FirstUsedFor string `json:"first_used_for,omitempty"`
 	// ResourceID identifies the existing order a conflict refers to.
 	ResourceID string `json:"resource_id,omitempty"`
 	// CurrentStatus is the order's status when a step was refused.

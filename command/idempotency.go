@@ -31,8 +31,9 @@ const FingerprintVersion = 1
 // KeyedRequest is one execution of an unsafe request under an Idempotency-Key.
 type KeyedRequest struct {
 	TenantID string
-	// Scope is the method and route template, e.g. "POST /v1/orders": the same
-	// key on another route is another key.
+	// Scope is the method and route template, e.g. "POST /v1/orders". A
+	// key names one request of its tenant: the same key on another route is
+	// refused (a *MismatchError naming the route it was first used on).
 	Scope string
 	Key   string
 	// Command is the validated command. Its JSON encoding is the canonical form
@@ -62,13 +63,18 @@ type Result struct {
 }
 
 // MismatchError is returned by Do when the key was first used with a
-// different request. Fields names the top-level fields of the command that
-// differ (empty if the difference could not be pinned down).
+// different request: on another route (FirstUsedFor names it), or on the
+// same route with another command (Fields names the top-level fields that
+// differ, empty if the difference could not be pinned down).
 type MismatchError struct {
-	Fields []string
+	FirstUsedFor string // the scope the key was first used on, if not this request's
+	Fields       []string
 }
 
 func (e *MismatchError) Error() string {
+	if e.FirstUsedFor != "" {
+		return fmt.Sprintf("idempotency key reused on another route (first used for %s)", e.FirstUsedFor)
+	}
 	return fmt.Sprintf("idempotency key reused with a different request (fields %v)", e.Fields)
 }
 
@@ -144,7 +150,7 @@ type Preclaim struct {
 	Otherwise Executor
 }
 
-// Idempotency runs commands at most once per (tenant, scope, key) and replays
+// Idempotency runs commands at most once per (tenant, key) and replays
 // the stored response to every retry. It is safe for any number of concurrent
 // callers in any number of processes sharing the database.
 type Idempotency struct {
@@ -418,7 +424,7 @@ func (s *Idempotency) inTx(ctx context.Context, req KeyedRequest, fp, canonical 
 					return err
 				}
 				if found && !k.expired {
-					return s.replay(k, fp, canonical, res, outcome)
+					return s.replay(k, req, fp, canonical, res, outcome)
 				}
 				if found {
 					return &KeyQuotaError{Quota: int(s.quota.limit), RetryAfter: s.quota.retryAfter()}
@@ -473,12 +479,12 @@ func (s *Idempotency) inTx(ctx context.Context, req KeyedRequest, fp, canonical 
 				continue // deleted by the janitor in between: claim it
 			}
 			if k.expired {
-				if _, err := tx.Exec(ctx, keyDeleteExpired, req.TenantID, req.Scope, req.Key); err != nil {
+				if _, err := tx.Exec(ctx, keyDeleteExpired, req.TenantID, req.Key); err != nil {
 					return fmt.Errorf("delete expired idempotency key: %w", err)
 				}
 				continue
 			}
-			return s.replay(k, fp, canonical, res, outcome)
+			return s.replay(k, req, fp, canonical, res, outcome)
 		}
 		return fmt.Errorf("idempotency key %q kept changing under us", req.Key)
 	})
@@ -500,8 +506,8 @@ var errUnstored = errors.New("response not stored")
 
 // stored reads the key's stored row; found is false if there is none.
 func (s *Idempotency) stored(ctx context.Context, tx pgx.Tx, req KeyedRequest) (k storedKey, found bool, err error) {
-	err = tx.QueryRow(ctx, keyGet, req.TenantID, req.Scope, req.Key).Scan(
-		&k.fingerprint, &k.fingerprintVersion, &k.request, &k.status, &k.header, &k.body, &k.expiresAt, &k.expired)
+	err = tx.QueryRow(ctx, keyGet, req.TenantID, req.Key).Scan(
+		&k.scope, &k.fingerprint, &k.fingerprintVersion, &k.request, &k.status, &k.header, &k.body, &k.expiresAt, &k.expired)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return k, false, nil
 	}
@@ -513,7 +519,11 @@ func (s *Idempotency) stored(ctx context.Context, tx pgx.Tx, req KeyedRequest) (
 
 // replay sets res to the stored response of k if the request is the one k
 // was stored for, and returns a *MismatchError if it is not.
-func (s *Idempotency) replay(k storedKey, fp, canonical []byte, res *Result, outcome *outcomes) error {
+func (s *Idempotency) replay(k storedKey, req KeyedRequest, fp, canonical []byte, res *Result, outcome *outcomes) error {
+	if k.scope != req.Scope {
+		*outcome |= outcomeMismatch
+		return &MismatchError{FirstUsedFor: k.scope}
+	}
 	same := bytes.Equal(k.fingerprint, fp)
 	if k.fingerprintVersion != FingerprintVersion {
 		// Written by a release with another canonical form: the stored
@@ -596,8 +606,8 @@ func (s *Idempotency) Lookup(ctx context.Context, tenantID, key string) ([]KeyRe
 
 const keyDeleteExpiredBatchSQL = `
 DELETE FROM idempotency_keys
-WHERE (tenant_id, scope, key) IN (
-    SELECT tenant_id, scope, key FROM idempotency_keys
+WHERE (tenant_id, key) IN (
+    SELECT tenant_id, key FROM idempotency_keys
     WHERE expires_at <= now()
     ORDER BY expires_at
     LIMIT $1
@@ -643,6 +653,7 @@ func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp
 }
 
 type storedKey struct {
+	scope              string // the route the key was first used on
 	fingerprint        []byte
 	fingerprintVersion int16
 	request            []byte
@@ -667,7 +678,7 @@ const (
 	KeyInsert = `
 INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
-ON CONFLICT (tenant_id, scope, key) DO NOTHING
+ON CONFLICT (tenant_id, key) DO NOTHING
 RETURNING expires_at`
 
 	// KeyInsertCTE claims the key as KeyInsert does, with the response
@@ -680,7 +691,7 @@ RETURNING expires_at`
     INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at,
                                   status_code, response_headers, response_body)
     VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10)
-    ON CONFLICT (tenant_id, scope, key) DO NOTHING
+    ON CONFLICT (tenant_id, key) DO NOTHING
     RETURNING expires_at, extract(epoch FROM clock_timestamp() - statement_timestamp()) AS took
 )`
 
@@ -691,14 +702,14 @@ SET status_code = $4, response_headers = $5, response_body = $6
 WHERE tenant_id = $1 AND scope = $2 AND key = $3`
 
 	keyGet = `
-SELECT fingerprint, fingerprint_version, request, status_code, response_headers, response_body,
+SELECT scope, fingerprint, fingerprint_version, request, status_code, response_headers, response_body,
        expires_at, expires_at <= now()
 FROM idempotency_keys
-WHERE tenant_id = $1 AND scope = $2 AND key = $3`
+WHERE tenant_id = $1 AND key = $2`
 
 	keyDeleteExpired = `
 DELETE FROM idempotency_keys
-WHERE tenant_id = $1 AND scope = $2 AND key = $3 AND expires_at <= now()`
+WHERE tenant_id = $1 AND key = $2 AND expires_at <= now()`
 )
 
 // minKeyWait is the shortest wait bound, even for Prefer: wait=0: short

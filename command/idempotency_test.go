@@ -43,7 +43,10 @@ func count(t *testing.T, db *pgxpool.Pool, sql string) int {
 	return n
 }
 
-func TestAKeyBelongsToItsScope(t *testing.T) {
+// A key names one request of its tenant (G3): the same key on another
+// route is refused, naming the route it was first used for, and runs
+// nothing; another tenant's same key is its own.
+func TestAKeyOnAnotherRouteIsRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.DB(t)
@@ -53,14 +56,24 @@ func TestAKeyBelongsToItsScope(t *testing.T) {
 		calls++
 		return command.Response{Status: 200, Body: []byte("ok")}, nil
 	}
-	for _, scope := range []string{"POST /v1/orders/{id}/pay", "POST /v1/orders/{id}/ship"} {
-		res, err := idem.Do(ctx, command.KeyedRequest{TenantID: "t1", Scope: scope, Key: "k", Command: map[string]string{"id": "1"}}, time.Second, exec)
-		if err != nil || res.Replayed {
-			t.Fatalf("%s: %+v %v; want a fresh execution", scope, res, err)
-		}
+	pay := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders/{id}/pay", Key: "k", Command: map[string]string{"id": "1"}}
+	if res, err := idem.Do(ctx, pay, time.Second, exec); err != nil || res.Replayed {
+		t.Fatalf("first use: %+v %v; want a fresh execution", res, err)
+	}
+	ship := pay
+	ship.Scope = "POST /v1/orders/{id}/ship"
+	_, err := idem.Do(ctx, ship, time.Second, exec)
+	var mismatch *command.MismatchError
+	if !errors.As(err, &mismatch) || mismatch.FirstUsedFor != pay.Scope {
+		t.Fatalf("the same key on another route: %v; want a *MismatchError naming %q", err, pay.Scope)
+	}
+	other := ship
+	other.TenantID = "t2"
+	if res, err := idem.Do(ctx, other, time.Second, exec); err != nil || res.Replayed {
+		t.Fatalf("another tenant's same key: %+v %v; want a fresh execution", res, err)
 	}
 	if calls != 2 {
-		t.Fatalf("executed %d times, want once per scope", calls)
+		t.Fatalf("executed %d times, want twice (the first use and the other tenant's)", calls)
 	}
 }
 

@@ -322,6 +322,42 @@ func TestCreateOrderThenReplayThenMismatch(t *testing.T) {
 	}
 }
 
+// The same key on another route is a different request (G3): refused
+// with 422 naming the route it was first used for, and nothing runs. A
+// retry on the first route still replays.
+func TestAKeyReusedOnAnotherRouteIsRefused(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	created := a.post(t, "key-1", validBody)
+	if created.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", created.status, created.body)
+	}
+	order := created.header.Get("Location")
+	for path, body := range map[string]string{order + "/cancel": `{"reason":"changed my mind"}`, order + "/pay": `{}`} {
+		r := a.do(t, http.MethodPost, path, map[string]string{"Idempotency-Key": "key-1"}, body)
+		if r.status != http.StatusUnprocessableEntity {
+			t.Fatalf("POST %s with the create's key: %d %s, want 422", path, r.status, r.body)
+		}
+		p := decodeProblem(t, r)
+		var named struct {
+			FirstUsedFor string `json:"first_used_for"`
+		}
+		if err := json.Unmarshal(r.body, &named); err != nil || !strings.HasSuffix(p.Type, "/idempotency-key-mismatch") || named.FirstUsedFor != "POST /v1/orders" {
+			t.Fatalf("POST %s with the create's key: problem %s, want idempotency-key-mismatch naming POST /v1/orders", path, r.body)
+		}
+	}
+	var status string
+	if err := a.db.QueryRow(context.Background(), `SELECT status FROM orders`).Scan(&status); err != nil || status != "pending" {
+		t.Fatalf("the order after the refused reuses: %q %v, want it pending", status, err)
+	}
+	if replay := a.post(t, "key-1", validBody); replay.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("a retry of the create: %d %s, want a replay", replay.status, replay.body)
+	}
+	if keys, orders, _, outbox := a.counts(t); keys != 1 || orders != 1 || outbox != 1 {
+		t.Fatalf("rows: keys=%d orders=%d outbox=%d, want 1 each", keys, orders, outbox)
+	}
+}
+
 func TestConcurrentCreatesWithOneKeyExecuteOnce(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)

@@ -32,6 +32,9 @@ type Problem struct {
 	// MismatchedFields names the request fields that differ from the request
 	// the Idempotency-Key was first used with.
 	MismatchedFields []string `json:"mismatched_fields,omitempty"`
+	// FirstUsedFor names the method and route an Idempotency-Key was first
+	// used for, when a request reuses it on another (idempotency-key-mismatch).
+	FirstUsedFor string `json:"first_used_for,omitempty"`
 	// ResourceID identifies the existing resource a conflict refers to.
 	ResourceID string `json:"resource_id,omitempty"`
 	// CurrentStatus is the order's status when a step was refused.
@@ -69,6 +72,10 @@ func problemFor(err error) *Problem {
 	case errors.As(err, &mismatch):
 		p := problem(http.StatusUnprocessableEntity, "idempotency-key-mismatch", "Idempotency-Key reused with a different request",
 			"This Idempotency-Key was first used with a different request; use a new key for a new request.")
+		if r := mismatch.FirstUsedFor; r != "" {
+			p.Detail = fmt.Sprintf("This Idempotency-Key was first used for %s; use a new key for a new request.", r)
+			p.FirstUsedFor = r
+		}
 		p.MismatchedFields = mismatch.Fields
 		return p
 	case errors.Is(err, command.ErrInFlight):

@@ -108,3 +108,45 @@ FROM order_items ORDER BY tenant_id, order_id, line_no`)
 		t.Fatalf("order_items after the down migration = %+v, want %+v", back, want)
 	}
 }
+
+// Migration 015 makes a key one per tenant: a key a tenant used on two
+// routes keeps its oldest row, the later one is renamed apart (and kept),
+// and the down migration restores both under their own names.
+func TestAKeyUsedOnTwoRoutesKeepsItsOldestRowAndBack(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migrateTo(t, conn, 14)
+	if _, err := conn.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, created_at, expires_at)
+VALUES ('t1', 'POST /v1/orders/{id}/pay', 'k', '\x01', 1, '{}', now() - interval '1 minute', now() + interval '1 hour'),
+       ('t1', 'POST /v1/orders', 'k', '\x02', 1, '{}', now() - interval '2 minutes', now() + interval '1 hour'),
+       ('t2', 'POST /v1/orders/{id}/pay', 'k', '\x03', 1, '{}', now(), now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	keys := func() []string {
+		rows, _ := conn.Query(ctx, `SELECT tenant_id || ' ' || scope || ' ' || replace(key, E'\n', '\n') FROM idempotency_keys ORDER BY 1`)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	before := keys()
+	migrateTo(t, conn, 15)
+	want := []string{
+		`t1 POST /v1/orders k`,
+		`t1 POST /v1/orders/{id}/pay k\nPOST /v1/orders/{id}/pay`,
+		`t2 POST /v1/orders/{id}/pay k`,
+	}
+	if got := keys(); !slices.Equal(got, want) {
+		t.Errorf("after 015: %q, want %q", got, want)
+	}
+	migrateTo(t, conn, 14)
+	if got := keys(); !slices.Equal(got, before) {
+		t.Errorf("after 015 and back: %q, want %q", got, before)
+	}
+}

@@ -16,8 +16,10 @@ import (
 	"github.com/acme/orders/query"
 )
 
-// problemBase prefixes every problem type; the README lists them all.
-const problemBase = "https://orders.acme.example/problems/"
+// ProblemBase prefixes every problem type; the README lists them all.
+const ProblemBase = "https://orders.acme.example/problems/"
+
+const problemBase = ProblemBase
 
 // Problem is an RFC 9457 problem detail. Type is a stable URI per kind of
 // error, so clients branch on it, not on the prose.

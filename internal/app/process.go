@@ -235,6 +235,7 @@ func ServeConns(ctx context.Context, addr string, h http.Handler, logger *slog.L
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
 	}
+	ln = problemRefusals(ln)
 	var connState func(net.Conn, http.ConnState)
 	if maxConns > 0 {
 		limited := limitConns(ln, maxConns)

@@ -203,8 +203,7 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 					id, e.env.AggregateVersion, pos)
 			}
 			e.outcome = Stale
-			if _, err := tx.Exec(ctx, PositionsAdvanceSQL, r.proj.Name(), []string{e.env.TenantID},
-				[]uuid.UUID{e.env.AggregateID}, []int64{e.env.AggregateVersion}); err != nil {
+			if err := advanceOne(ctx, tx, r.proj.Name(), e.env, pos); err != nil {
 				return err
 			}
 		} else {

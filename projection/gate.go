@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -41,13 +42,30 @@ CROSS JOIN LATERAL (
     WHERE projection = $1 AND aggregate_id = a.id
     FOR UPDATE) AS p`
 
-	// PositionsAdvanceSQL records the versions a batch applied.
+	// PositionsAdvanceSQL records the versions ($4) a batch applied to its
+	// orders ($3, of tenants $2), each from the position the batch found
+	// ($5; 0: none yet), and returns how many moved. A position that is no
+	// longer where the batch found it does not move, and then the batch
+	// must not commit: the batch locked every position that existed, so
+	// only a position made since can be elsewhere, by another batch that
+	// applied the same order's first version (two different events both
+	// claiming version 1: a forged stream). Without the check both applied.
 	PositionsAdvanceSQL = `
-INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)
-SELECT $1, tenant_id, aggregate_id, version FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS p(tenant_id, aggregate_id, version)
-ORDER BY aggregate_id
-ON CONFLICT (projection, aggregate_id) DO UPDATE
-SET version = GREATEST(projection_positions.version, EXCLUDED.version)`
+WITH p AS (
+    SELECT * FROM unnest($2::text[], $3::uuid[], $4::bigint[], $5::bigint[]) AS p(tenant_id, aggregate_id, version, before)
+), moved AS (
+    UPDATE projection_positions pp SET version = p.version
+    FROM p
+    WHERE p.before > 0 AND pp.projection = $1 AND pp.aggregate_id = p.aggregate_id AND pp.version = p.before
+    RETURNING 1
+), added AS (
+    INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)
+    SELECT $1, tenant_id, aggregate_id, version FROM p WHERE before = 0
+    ORDER BY aggregate_id
+    ON CONFLICT (projection, aggregate_id) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved) + (SELECT count(*) FROM added)`
 
 	// InboxInsertSQL records a batch's events, returning those not seen before.
 	InboxInsertSQL = `
@@ -95,13 +113,32 @@ SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq
 func (r *Runner) commit(ctx context.Context, events []*event) error {
 	if r.commitPipelined(ctx, events) {
 		r.pipelined.Add(1)
-	} else if err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error { return r.commitTx(ctx, tx, events) }); err != nil {
+	} else if err := r.commitCarefully(ctx, events); err != nil {
 		return err
 	}
 	r.advanceCheckpoint(events)
 	r.reportApplied(events)
 	return nil
 }
+
+// commitCarefully applies events the careful way (commitTx) in a
+// transaction of its own, again if a position moved under it: the second
+// time the batch finds the position that moved, and sorts its events by it.
+func (r *Runner) commitCarefully(ctx context.Context, events []*event) error {
+	var err error
+	for range 3 {
+		err = postgres.InTx(ctx, r.db, func(tx pgx.Tx) error { return r.commitTx(ctx, tx, events) })
+		if !errors.Is(err, errPositionMoved) {
+			return err
+		}
+	}
+	return err
+}
+
+// errPositionMoved is commitTx's error when a position moved between its
+// lock and its advance (see PositionsAdvanceSQL): roll back and sort the
+// batch again.
+var errPositionMoved = errors.New("an order's position moved under the batch")
 
 // advanceCheckpoint raises the checkpoint the checkpoint loop writes to the
 // highest stream sequence of the events a committed transaction recorded
@@ -226,6 +263,10 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 	if err != nil {
 		return err
 	}
+	found := make(map[uuid.UUID]int64, len(positions)) // the versions locked, for the advance
+	for id, p := range positions {
+		found[id] = p.version
+	}
 	var recorded, gaps []*event // recorded: applied or stale, they go into the inbox
 	seen := make(map[uuid.UUID]bool, len(live))
 	for _, e := range live { // in (aggregate, version) order
@@ -286,9 +327,14 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 	if err := r.proj.Queue(b, envelopes(applied)); err != nil {
 		return fmt.Errorf("apply %d events: %w", len(applied), err)
 	}
-	b.Queue(PositionsAdvanceSQL, advanceArgs(name, applied)...)
+	args, orders := advanceArgs(name, applied, func(id uuid.UUID, _ int64) int64 { return found[id] })
+	var moved int
+	b.Queue(PositionsAdvanceSQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&moved) })
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("apply %d events: %w", len(applied), err)
+	}
+	if moved != orders {
+		return fmt.Errorf("%w: %d of %d positions advanced", errPositionMoved, moved, orders)
 	}
 	return nil
 }
@@ -306,19 +352,22 @@ func inboxArgs(projection string, events []*event) []any {
 }
 
 // advanceArgs are PositionsAdvanceSQL's arguments for events, sorted by
-// aggregate: one row per aggregate, at its last version.
-func advanceArgs(projection string, events []*event) []any {
+// aggregate: one row per aggregate, at its last version, from the position
+// before(order, its first version in events) the batch found. It also
+// returns the number of orders.
+func advanceArgs(projection string, events []*event, before func(order uuid.UUID, first int64) int64) (args []any, orders int) {
 	var tenants []string
 	var aggs []uuid.UUID
-	var versions []int64
+	var versions, befores []int64
 	for _, e := range events {
 		if n := len(aggs); n > 0 && aggs[n-1] == e.env.AggregateID {
 			versions[n-1] = e.env.AggregateVersion
 			continue
 		}
 		tenants, aggs, versions = append(tenants, e.env.TenantID), append(aggs, e.env.AggregateID), append(versions, e.env.AggregateVersion)
+		befores = append(befores, before(e.env.AggregateID, e.env.AggregateVersion))
 	}
-	return []any{projection, tenants, aggs, versions}
+	return []any{projection, tenants, aggs, versions, befores}, len(aggs)
 }
 
 // envelopes are the envelopes of events.
@@ -413,7 +462,15 @@ func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 			}
 		}
 	}
-	b.Queue(PositionsAdvanceSQL, advanceArgs(name, live)...)
+	// In line, an order's first event of the batch is the one after its
+	// position.
+	args, orders := advanceArgs(name, live, func(_ uuid.UUID, first int64) int64 { return first - 1 })
+	b.Queue(PositionsAdvanceSQL, args...).QueryRow(func(row pgx.Row) error {
+		var moved int
+		err := row.Scan(&moved)
+		premise = premise && moved == orders
+		return err
+	})
 
 	conn, err := r.db.Acquire(ctx)
 	if err != nil {
@@ -458,6 +515,21 @@ type position struct {
 // own tenant's and holds nothing of the order's tenant back.
 func foreign(env domain.Envelope, owner string) error {
 	return fmt.Errorf("%w: an event of tenant %q names order %s of tenant %q", domain.ErrMalformedEvent, env.TenantID, env.AggregateID, owner)
+}
+
+// advanceOne moves env's order's position from before to env's version
+// (PositionsAdvanceSQL), for an event skipped on purpose (a discard), and
+// fails if the position is no longer at before.
+func advanceOne(ctx context.Context, tx pgx.Tx, projection string, env domain.Envelope, before int64) error {
+	var moved int
+	if err := tx.QueryRow(ctx, PositionsAdvanceSQL, projection, []string{env.TenantID}, []uuid.UUID{env.AggregateID},
+		[]int64{env.AggregateVersion}, []int64{before}).Scan(&moved); err != nil {
+		return err
+	}
+	if moved != 1 {
+		return fmt.Errorf("%w: order %s is no longer at version %d", errPositionMoved, env.AggregateID, before)
+	}
+	return nil
 }
 
 // lockPositions takes the projection's shared lock and then locks and reads

@@ -285,3 +285,56 @@ func TestARefusedBatchKeepsItsConnectionAndStatements(t *testing.T) {
 		t.Errorf("Pipelined = %d; want 2 (the warm-up's)", s.Pipelined)
 	}
 }
+
+// Two different events that both claim to be version 1 of a new order (a
+// forged stream: the outbox makes one per version), applied by two batches
+// at once: the second waits for the first, finds the position made under
+// it, and comes out stale. Before, a new order had no position to lock, so
+// the second batch never saw the first's: both applied (customer
+// summaries counted two pending orders).
+func TestTwoFirstVersionsOfANewOrderInFlightAtOnceApplyOnce(t *testing.T) {
+	t.Parallel()
+	for _, proj := range []Projection{OrderViews{}, CustomerSummaries{}, DailySales{}} {
+		t.Run(proj.Name(), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f, _ := pipelinedFixture(t, proj)
+			first := orderEvents(t, "tA", "c-a")[0]
+			second := first
+			second.ID = uuid.Must(uuid.NewV7())
+
+			tx, err := f.db.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck // committed below
+			one := events([]domain.Envelope{first}, 1)
+			if err := f.runner.commitTx(ctx, tx, one); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			two := events([]domain.Envelope{second}, 2)
+			go func() { done <- f.runner.commit(ctx, two) }()
+			eventually(t, "the second batch waiting for the first's rows", func() bool {
+				return f.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+			})
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if one[0].outcome != Applied || two[0].outcome != Stale {
+				t.Errorf("outcomes %s and %s, want applied and stale", one[0].outcome, two[0].outcome)
+			}
+			counted := map[string]string{
+				"order_views":        `SELECT count(*) FROM order_views WHERE tenant_id = 'tA'`,
+				"customer_summaries": `SELECT orders_pending FROM customer_summaries WHERE tenant_id = 'tA'`,
+				"daily_sales":        `SELECT orders FROM daily_sales WHERE tenant_id = 'tA'`,
+			}[proj.Name()]
+			if n := f.count(t, counted); n != 1 {
+				t.Errorf("%s counts %d orders, want 1", proj.Name(), n)
+			}
+		})
+	}
+}

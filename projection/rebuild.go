@@ -335,7 +335,7 @@ func (r *Runner) skipDiscarded(ctx context.Context, tx pgx.Tx, e *event) error {
 	case v <= pos:
 		e.outcome = Stale
 	case v == pos+1:
-		if _, err := tx.Exec(ctx, PositionsAdvanceSQL, r.proj.Name(), []string{e.env.TenantID}, []uuid.UUID{e.env.AggregateID}, []int64{v}); err != nil {
+		if err := advanceOne(ctx, tx, r.proj.Name(), e.env, pos); err != nil {
 			return fmt.Errorf("skip discarded event %s: %w", e.env.ID, err)
 		}
 		e.outcome = Stale

@@ -84,7 +84,7 @@ func applyScript(name string, n int) (string, error) {
 		return "", fmt.Errorf("no projection %q", name)
 	}
 	statements = append(statements,
-		bind(projection.PositionsAdvanceSQL, "'"+name+"'", tenants, aggs, ones),
+		bind(projection.PositionsAdvanceSQL, "'"+name+"'", tenants, aggs, ones, arr("0", "bigint")),
 		"COMMIT")
 	return script(statements), nil
 }

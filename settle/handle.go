@@ -21,7 +21,7 @@ type verdict int
 
 const (
 	done    verdict = iota // recorded (now or before): ack
-	retry                  // transient: nak with backoff, same key next time
+	retry                  // transient: parked on its backoff (nak'ed if that fails), same key next time
 	dead                   // no retry cures it: dead-letter and terminate
 	abandon                // neither recorded nor acked (AfterProviderCall refused)
 )

@@ -20,7 +20,11 @@ import (
 // consumer's name as its projection; the projector never touches those)
 // and acked. Handing it back (Nak) instead would keep it pending in
 // MaxAckPending, and a tenant with a window's worth of slow intents would
-// fill the window and stall every other tenant.
+// fill the window and stall every other tenant. A delivered intent that
+// fails transiently is parked the same way, due when its backoff ends
+// (parkFailed): handed back, it would wait out its backoff in the window,
+// and a tenant whose calls all fail at once (never holding two slots, so
+// never deferred) filled the window with them.
 //
 // The re-drive (redrive) runs beside the consumer's workers. Whenever a
 // tenant with due parked intents gives a slot back, and after each scan
@@ -50,7 +54,7 @@ const (
 	parkSQL = `
 INSERT INTO dead_letters (projection, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
                           subject, payload, error, deliveries, attempts, status, next_attempt_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'parked', now())`
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'parked', now() + $12::bigint * interval '1 microsecond')`
 
 	// parkedTenantsSQL lists up to $2 tenants with parked intents of
 	// consumer $1, each with whether one is due: two probes of
@@ -121,8 +125,7 @@ func (w *Worker) park(ctx context.Context, consumer string, m jetstream.Msg, env
 		attempts = 1
 	}
 	reason := fmt.Sprintf("deferred: tenant %s holds its share (%d) of this process's slots or has intents parked before", env.TenantID, w.cfg.tenantLimit())
-	if _, err := w.db.Exec(ctx, parkSQL, consumer, env.TenantID, env.ID, env.AggregateID, env.AggregateVersion, int64(seq),
-		m.Subject(), m.Data(), reason, int64(f.n), attempts); err != nil {
+	if err := w.insertParked(ctx, consumer, m, env, seq, f.n, attempts, 0, reason); err != nil {
 		w.logger.WarnContext(ctx, "park deferred intent; handing it back instead", "consumer", consumer, "stream_seq", seq, "err", err)
 		if seq != 0 {
 			fails.deferral(seq, time.Now())
@@ -135,6 +138,43 @@ func (w *Worker) park(ctx context.Context, consumer string, m jetstream.Msg, env
 	w.stats.parked.Add(1)
 	fails.forget(seq)
 	slots.parked(env.TenantID, time.Now())
+	w.ackParked(ctx, consumer, m, seq)
+}
+
+// parkFailed writes the delivered intent m (env), whose failed-th failed
+// delivery this was, to dead_letters as parked, due after delay (its
+// backoff), and acks m; it reports false, having done nothing, if the row
+// cannot be written (m is then handed back on its backoff by the caller).
+// The re-drive retries it as a parked intent that failed: its failures go
+// on counting on the row, and it is opened as a dead letter at MaxDeliver.
+// Its call may have reached the provider (an answer lost), so it is parked
+// as attempted once: its first lease looks the charge or refund up by key
+// first (G8). Its tenant's later intents are parked too meanwhile
+// (acquireDirect), and re-driven as they fall due.
+func (w *Worker) parkFailed(ctx context.Context, consumer string, m jetstream.Msg, env domain.Envelope, seq uint64, failed int, delay time.Duration, cause error, slots *tenantSlots, fails *failures) bool {
+	if err := w.insertParked(ctx, consumer, m, env, seq, failed, 1, delay, cause.Error()); err != nil {
+		w.logger.WarnContext(ctx, "park failed intent; handing it back instead", "consumer", consumer, "stream_seq", seq, "err", err)
+		return false
+	}
+	w.stats.retryParked.Add(1)
+	fails.forget(seq)
+	slots.parkedLater(env.TenantID, time.Now())
+	w.ackParked(ctx, consumer, m, seq)
+	return true
+}
+
+// insertParked writes the delivered intent m (env) to dead_letters as
+// parked, due after delay, with its failed deliveries so far and the
+// attempts that may have reached the provider (1 makes its first lease
+// look the charge or refund up by key first).
+func (w *Worker) insertParked(ctx context.Context, consumer string, m jetstream.Msg, env domain.Envelope, seq uint64, failures, attempts int, delay time.Duration, reason string) error {
+	_, err := w.db.Exec(ctx, parkSQL, consumer, env.TenantID, env.ID, env.AggregateID, env.AggregateVersion, int64(seq),
+		m.Subject(), m.Data(), reason, int64(failures), attempts, delay.Microseconds())
+	return err
+}
+
+// ackParked acks m, parked (its row committed).
+func (w *Worker) ackParked(ctx context.Context, consumer string, m jetstream.Msg, seq uint64) {
 	if err := m.Ack(); err != nil {
 		// Delivered again later: settled once through the inbox and key.
 		w.logger.WarnContext(ctx, "ack parked intent", "consumer", consumer, "stream_seq", seq, "err", err)

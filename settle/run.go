@@ -148,10 +148,13 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 	return nil
 }
 
-// process settles one delivered intent and acks, naks or terminates it.
-// An intent whose tenant holds its share of slots, or has intents parked,
-// is parked instead (park.go; see Config.TenantShare); a transient failure
-// is retried until fails counts Config.MaxDeliver of them.
+// process settles one delivered intent and acks or terminates it. An
+// intent whose tenant holds its share of slots, or has intents parked, is
+// parked instead (park.go; see Config.TenantShare); one that fails
+// transiently is parked on its backoff (parkFailed: out of the consumer's
+// window, retried by the re-drive), unless fails counts Config.MaxDeliver
+// failures, when it is dead-lettered. It is nak'ed only when its row cannot
+// be written.
 func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlots, fails *failures, m jetstream.Msg) {
 	var delivered uint64 = 1
 	var seq uint64
@@ -201,6 +204,11 @@ func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlot
 			delay := w.backoff(uint64(failed))
 			w.logger.WarnContext(ctx, "intent failed; retrying with the same key", "consumer", consumer, "stream_seq", seq,
 				"delivery", delivered, "failures", failed, "retry_in", delay, "err", r.err)
+			// Parked, not handed back: a nak'ed intent waits out its
+			// backoff pending in the window (G9).
+			if w.parkFailed(ctx, consumer, m, env, seq, failed, delay, r.err, slots, fails) {
+				return
+			}
 			if err := m.NakWithDelay(delay); err != nil {
 				w.logger.WarnContext(ctx, "nak (the intent will be redelivered after the ack wait)", "consumer", consumer, "err", err)
 			}

@@ -66,12 +66,14 @@ const (
 	// DefaultMaxDeliver is how many deliveries an intent gets before it is
 	// dead-lettered.
 	DefaultMaxDeliver = 10
-	// DefaultMinBackoff and DefaultMaxBackoff bound the delay of a
-	// redelivery after a transient failure (doubling per delivery).
+	// DefaultMinBackoff and DefaultMaxBackoff bound the delay of the next
+	// try after a transient failure (doubling per failure): parked that
+	// long (park.go), or handed back for that long if its park fails.
 	DefaultMinBackoff = 500 * time.Millisecond
 	DefaultMaxBackoff = 30 * time.Second
 	// DefaultMaxAckPending is each consumer's in-flight window: intents
-	// delivered and not yet acked, including those waiting out a backoff.
+	// delivered and not yet acked (a failed or deferred one leaves it,
+	// parked, unless its park fails: then it waits there).
 	DefaultMaxAckPending = 1000
 	// DefaultTenantShare is the most of a consumer's Concurrency one tenant
 	// may hold at once in this process (16 of the default 32 slots): a
@@ -101,7 +103,7 @@ type Config struct {
 	// (see failures) and on its row once it is parked (park.go): a
 	// deferral past the tenant's share is no failure.
 	MaxDeliver int
-	// MinBackoff and MaxBackoff bound the redelivery delay after a
+	// MinBackoff and MaxBackoff bound the delay of the next try after a
 	// transient failure (DefaultMinBackoff, DefaultMaxBackoff).
 	MinBackoff, MaxBackoff time.Duration
 	// MaxAckPending is each consumer's in-flight window
@@ -254,7 +256,7 @@ func New(db postgres.DB, js jetstream.JetStream, provider Provider, logger *slog
 	return &Worker{db: db, js: js, provider: provider, logger: logger, cfg: cfg}, nil
 }
 
-// backoff is the redelivery delay after the delivery-th failed delivery.
+// backoff is the delay of the next try after the delivery-th failed delivery.
 func (w *Worker) backoff(delivery uint64) time.Duration {
 	d := w.cfg.MinBackoff
 	for i := uint64(1); i < delivery && d < w.cfg.MaxBackoff; i++ {

@@ -178,6 +178,26 @@ func (r *rig) waitStatus(t testing.TB, id uuid.UUID, want string, within time.Du
 	testenv.Eventually(t, within, "order "+want, func() bool { s, _, _ := r.get(t, id); return s == want })
 }
 
+// waitSettled waits until every intent published to consumer is settled:
+// none left to deliver or pending in its window, and none parked (a copy
+// that failed, say 409 while another copy held its key, is parked on its
+// backoff and acked before it is tried again).
+func (r *rig) waitSettled(t testing.TB, consumer string) {
+	t.Helper()
+	testenv.Eventually(t, 15*time.Second, "every intent of "+consumer+" settled", func() bool {
+		info := consumerInfo(r.js, consumer)
+		if info == nil || info.NumPending != 0 || info.NumAckPending != 0 {
+			return false
+		}
+		var parked int
+		if err := r.db.QueryRow(context.Background(), `SELECT count(*) FROM dead_letters WHERE projection = $1 AND status = 'parked'`,
+			consumer).Scan(&parked); err != nil {
+			t.Fatal(err)
+		}
+		return parked == 0
+	})
+}
+
 // succeededCharges counts the provider's succeeded charges of key.
 func succeededCharges(l fakepsp.Ledger, key string) (n int) {
 	for _, c := range l.Charges {
@@ -271,14 +291,7 @@ func TestDuplicatedPaymentRequestMakesOneCharge(t *testing.T) {
 	r.publish(t, id, domain.TypePaymentRequested, 3)
 	r.waitStatus(t, id, "paid", 15*time.Second)
 	// every copy is consumed (the stream holds four)
-	testenv.Eventually(t, 15*time.Second, "every copy acked", func() bool {
-		c, err := r.js.Consumer(context.Background(), stream.Name, settle.ChargeConsumer)
-		if err != nil {
-			return false
-		}
-		info, err := c.Info(context.Background())
-		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
-	})
+	r.waitSettled(t, settle.ChargeConsumer)
 	r.assertOneCharge(t, id)
 	if _, _, v := r.get(t, id); v != 3 {
 		t.Fatalf("order version %d, want 3 (created, payment requested, paid)", v)
@@ -317,7 +330,7 @@ func TestRefundAfterCancelIsMadeOnce(t *testing.T) {
 	r.cancel(t, id)
 	r.publish(t, id, domain.TypeRefundRequested, 2)
 	testenv.Eventually(t, 15*time.Second, "refund succeeded", func() bool { _, rf, _ := r.get(t, id); return rf == "succeeded" })
-	time.Sleep(300 * time.Millisecond) // let the copies arrive
+	r.waitSettled(t, settle.RefundConsumer) // every copy, parked ones too (a racing copy may get 409: key in use)
 	l := fakepsptest.Ledger(t, r.psp)
 	if len(l.Refunds) != 1 || l.Refunds[0].Amount != 2500 || l.Refunds[0].Status != "succeeded" {
 		t.Fatalf("refunds at the provider: %+v, want one of 2500", l.Refunds)
@@ -410,14 +423,7 @@ func TestObserveTimesEachRecordedOutcomeOnce(t *testing.T) {
 	r.publish(t, id, domain.TypeRefundRequested, 2)
 	testenv.Eventually(t, 15*time.Second, "refund succeeded", func() bool { _, rf, _ := r.get(t, id); return rf == "succeeded" })
 	for _, name := range []string{settle.ChargeConsumer, settle.RefundConsumer} {
-		testenv.Eventually(t, 15*time.Second, "every copy acked by "+name, func() bool {
-			c, err := r.js.Consumer(context.Background(), stream.Name, name)
-			if err != nil {
-				return false
-			}
-			info, err := c.Info(context.Background())
-			return err == nil && info.NumPending == 0 && info.NumAckPending == 0
-		})
+		r.waitSettled(t, name)
 	}
 	// The counters, like the timings, count each outcome once.
 	if s := w.Stats(); s.ChargesSucceeded != 1 || s.RefundsSucceeded != 1 || s.Duplicates != 4 {
@@ -884,4 +890,236 @@ func TestParkedIntentsAreServedWhileOtherTenantsKeepTheWorkersBusy(t *testing.T)
 		t.Errorf("slowco's parked intents were paid only after all %d of the busy tenants' intents", busy)
 	}
 	t.Logf("slowco paid with %d of %d busy intents paid", paid, busy)
+}
+
+// failFor is a provider whose charges of one tenant fail transiently (a
+// 503, nothing charged) while failing is set.
+type failFor struct {
+	settle.Provider
+	tenant  string
+	failing atomic.Bool
+	calls   atomic.Int64 // charges of tenant failed
+}
+
+func (f *failFor) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
+	if r.Metadata["tenant_id"] == f.tenant && f.failing.Load() {
+		f.calls.Add(1)
+		return payment.Charge{}, fmt.Errorf("%w: 503 for this tenant", payment.ErrTransient)
+	}
+	return f.Provider.Charge(ctx, r)
+}
+
+// consumerInfo is the charge consumer's state, or nil if it cannot be read.
+func (r *rig) consumerInfo(t testing.TB) *jetstream.ConsumerInfo {
+	t.Helper()
+	return consumerInfo(r.js, settle.ChargeConsumer)
+}
+
+// consumerInfo is the state of consumer, or nil if it cannot be read.
+func consumerInfo(js jetstream.JetStream, consumer string) *jetstream.ConsumerInfo {
+	c, err := js.Consumer(context.Background(), stream.Name, consumer)
+	if err != nil {
+		return nil
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		return nil
+	}
+	return info
+}
+
+// G9, the window, for failures: a tenant whose provider calls all fail
+// transiently, at once, never holds two slots, so it is never deferred;
+// its failed intents used to be handed back on their backoff (Nak) and
+// stay pending in the consumer's window meanwhile, and a trickle of them
+// filled it (20 of 20 pending, all the failing tenant's) so that no other
+// tenant's intent was delivered. A failed intent is parked on its backoff
+// instead and acked, and the other tenant is paid. Once the provider
+// answers again, each of the failing tenant's intents is re-driven and
+// paid exactly once (G8 across the park and the re-drive).
+func TestATenantWhoseCallsFailCannotFillTheConsumersWindow(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	fail := &failFor{Provider: r.provider, tenant: "hog"}
+	fail.failing.Store(true)
+	finds := &countFinds{Provider: fail}
+	r.provider = finds
+	const window = 20
+	w, _ := r.start(t, settle.Config{MaxAckPending: window, Concurrency: 4, TenantShare: 0.5, MaxDeliver: 1000,
+		MinBackoff: 2 * time.Second, MaxBackoff: 2 * time.Second, DeferDelay: 20 * time.Millisecond})
+
+	// A trickle: each of hog's intents is published once the worker has
+	// handled the one before (tried and failed, or deferred), so hog never
+	// holds more than one slot; or once the window is full.
+	r.tenant = "hog"
+	hogOrders := make([]uuid.UUID, 30)
+	for i := range hogOrders {
+		hogOrders[i] = r.order(t)
+		r.pay(t, hogOrders[i], domain.DefaultPaymentMethod)
+		r.publish(t, hogOrders[i], domain.TypePaymentRequested, 0)
+		testenv.Eventually(t, 15*time.Second, fmt.Sprintf("hog's intent %d handled", i+1), func() bool {
+			if fail.calls.Load()+w.Stats().Deferred >= int64(i+1) {
+				return true
+			}
+			info := r.consumerInfo(t)
+			return info != nil && info.NumAckPending >= window
+		})
+	}
+
+	r.tenant = "acme"
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	var info *jetstream.ConsumerInfo
+	func() {
+		defer func() {
+			if t.Failed() && info != nil {
+				t.Logf("the charge consumer had %d of %d pending", info.NumAckPending, window)
+			}
+		}()
+		testenv.Eventually(t, 10*time.Second, "acme's order paid while hog's calls fail", func() bool {
+			if s, _, _ := r.get(t, id); s == "paid" {
+				return true
+			}
+			info = r.consumerInfo(t)
+			return false
+		})
+	}()
+	r.assertOneCharge(t, id)
+
+	// Every one of hog's intents is parked out of the window, none paid,
+	// none dead-lettered.
+	var parked, open int
+	testenv.Eventually(t, 15*time.Second, "hog's intents all parked, the window empty", func() bool {
+		if err := r.db.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE status = 'parked'), count(*) FILTER (WHERE status = 'open')
+FROM dead_letters WHERE projection = $1 AND tenant_id = 'hog'`, settle.ChargeConsumer).Scan(&parked, &open); err != nil {
+			t.Fatal(err)
+		}
+		info := r.consumerInfo(t)
+		return parked == len(hogOrders) && info != nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+	if open != 0 {
+		t.Fatalf("%d of hog's intents dead-lettered, want none (MaxDeliver 1000)", open)
+	}
+	for _, o := range hogOrders {
+		if s, _, _ := r.get(t, o); s != "payment_pending" {
+			t.Fatalf("hog's order %s is %s while its calls fail, want payment_pending", o, s)
+		}
+	}
+	if s := w.Stats(); s.ChargeTransient == 0 || s.RetryParked == 0 {
+		t.Fatalf("stats %+v: want transient failures, and failed intents parked", s)
+	}
+
+	fail.failing.Store(false)
+	for _, o := range hogOrders {
+		r.waitStatus(t, o, "paid", 30*time.Second)
+		r.assertOneCharge(t, o)
+	}
+	testenv.Eventually(t, 15*time.Second, "no parked intent left", func() bool {
+		var left int
+		if err := r.db.QueryRow(context.Background(), `SELECT count(*) FROM dead_letters WHERE projection = $1`, settle.ChargeConsumer).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		return left == 0
+	})
+	// A failed call may have reached the provider: its intent's next try
+	// looked its charge up by key first.
+	if n := finds.n.Load(); n == 0 {
+		t.Errorf("no look-up by key before a failed intent was tried again")
+	}
+}
+
+// loseFirstCharge makes the provider's first charge, and loses its answer
+// (a transient error to the worker), as a dropped connection would.
+type loseFirstCharge struct {
+	settle.Provider
+	calls atomic.Int64
+}
+
+func (l *loseFirstCharge) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
+	ch, err := l.Provider.Charge(ctx, r)
+	if l.calls.Add(1) == 1 && err == nil {
+		return payment.Charge{}, fmt.Errorf("%w: the answer was lost", payment.ErrTransient)
+	}
+	return ch, err
+}
+
+// G8 for a delivered intent parked on its failure: its call may have
+// reached the provider (here it did, and the answer was lost), so its
+// first lease looks the charge up by key before it calls again; the key
+// alone would charge a second time once the provider forgot it (here
+// before the backoff ends).
+func TestAFailedIntentParkedOnItsBackoffIsLookedUpByKey(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, fakepsp.Config{KeyTTL: time.Second})
+	lose := &loseFirstCharge{Provider: r.provider}
+	finds := &countFinds{Provider: lose}
+	r.provider = finds
+	w, _ := r.start(t, settle.Config{MinBackoff: 2 * time.Second, MaxBackoff: 2 * time.Second, DeferDelay: 20 * time.Millisecond})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+	if s := w.Stats(); s.RetryParked != 1 || s.Redriven < 1 {
+		t.Fatalf("stats %+v: want the failed intent parked once and re-driven", s)
+	}
+	if n, c := finds.n.Load(), lose.calls.Load(); n < 1 || c != 1 {
+		t.Fatalf("%d look-ups by key and %d charges, want the lease to find the lost charge by key, not charge again", n, c)
+	}
+}
+
+// An intent whose provider calls keep failing transiently is dead-lettered
+// (status open) after MaxDeliver failed deliveries, as when its failures
+// were handed back: at once on the last delivery with MaxDeliver 1; with
+// more, it is parked after its first failure and opened by the re-drive at
+// the MaxDeliver-th, counted on its row. Nothing is left parked or in the
+// window, and `retry` settles it once the provider answers.
+func TestTransientFailuresAreDeadLetteredAtMaxDeliver(t *testing.T) {
+	t.Parallel()
+	for _, maxDeliver := range []int{1, 3} {
+		t.Run(fmt.Sprint("MaxDeliver=", maxDeliver), func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, fakepsp.Faults{})
+			fail := &failFor{Provider: r.provider, tenant: r.tenant}
+			fail.failing.Store(true)
+			r.provider = fail
+			w, _ := r.start(t, settle.Config{MaxDeliver: maxDeliver, DeferDelay: 20 * time.Millisecond})
+			id := r.order(t)
+			r.pay(t, id, domain.DefaultPaymentMethod)
+			r.publish(t, id, domain.TypePaymentRequested, 0)
+			var dls []settle.DeadLetter
+			testenv.Eventually(t, 15*time.Second, "a dead letter", func() bool {
+				var err error
+				if dls, err = settle.ListDeadLetters(context.Background(), r.db, false); err != nil {
+					t.Fatal(err)
+				}
+				return len(dls) == 1
+			})
+			want := fmt.Sprintf("still failing after %d failed deliveries", maxDeliver)
+			if d := dls[0]; d.Consumer != settle.ChargeConsumer || d.Status != "open" || int(d.Deliveries) != maxDeliver || !strings.Contains(d.Error, want) {
+				t.Fatalf("dead letter %+v: want the charge consumer's, open, after %d failed deliveries (%q)", d, maxDeliver, want)
+			}
+			if n := fail.calls.Load(); n != int64(maxDeliver) {
+				t.Fatalf("%d charges tried, want %d (one per failed delivery)", n, maxDeliver)
+			}
+			if all, err := settle.ListDeadLetters(context.Background(), r.db, true); err != nil || len(all) != 1 {
+				t.Fatalf("dead letters %+v (%v): want only the open one, none parked", all, err)
+			}
+			testenv.Eventually(t, 15*time.Second, "the window empty", func() bool {
+				info := r.consumerInfo(t)
+				return info != nil && info.NumPending == 0 && info.NumAckPending == 0
+			})
+			s := w.Stats()
+			if s.ChargeDeadLettered != 1 || s.ChargeTransient != int64(maxDeliver) || s.RetryParked != int64(min(maxDeliver-1, 1)) {
+				t.Fatalf("stats %+v: want one dead letter after %d transient failures, parked after the first unless it was the last", s, maxDeliver)
+			}
+			fail.failing.Store(false)
+			if err := w.RetryDeadLetter(context.Background(), dls[0].ID); err != nil {
+				t.Fatalf("retry the dead letter: %v", err)
+			}
+			r.waitStatus(t, id, "paid", 15*time.Second)
+			r.assertOneCharge(t, id)
+		})
+	}
 }

@@ -99,6 +99,18 @@ func (s *tenantSlots) parked(tenant string, now time.Time) {
 	}
 }
 
+// parkedLater notes that this process parked an intent of tenant due
+// later (a failed one, on its backoff): its tenant's later intents queue
+// behind it, and a scan finds it due. Whether another parked intent of
+// tenant is due is left as it was.
+func (s *tenantSlots) parkedLater(tenant string, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.parking[tenant]
+	st.seen = now
+	s.parking[tenant] = st
+}
+
 // dry notes that tenant had fewer parked intents due than a lease begun
 // at since asked for: it is not asked again until it parks one, or a scan
 // finds one due. One it parked since the lease began (which the lease may

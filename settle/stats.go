@@ -19,13 +19,17 @@ type Stats struct {
 	// parked out of the consumer's window (the rest were handed back: the
 	// park failed), and Redriven the leases of parked intents tried.
 	Deferred, Parked, Redriven int64
+	// RetryParked counts delivered intents that failed transiently and
+	// were parked on their backoff out of the consumer's window (the
+	// re-drive retries them), rather than handed back into it.
+	RetryParked int64
 }
 
 type counters struct {
 	chargesOK, chargesDeclined, refundsOK, refundsFailed atomic.Int64
 	chargeTransient, refundTransient                     atomic.Int64
 	chargeDead, refundDead, duplicates                   atomic.Int64
-	deferred, parked, redriven                           atomic.Int64
+	deferred, parked, redriven, retryParked              atomic.Int64
 }
 
 func (c *counters) charged(ok bool) {
@@ -71,6 +75,6 @@ func (w *Worker) Stats() Stats {
 		ChargeTransient: c.chargeTransient.Load(), RefundTransient: c.refundTransient.Load(),
 		ChargeDeadLettered: c.chargeDead.Load(), RefundDeadLettered: c.refundDead.Load(),
 		Duplicates: c.duplicates.Load(), Deferred: c.deferred.Load(),
-		Parked: c.parked.Load(), Redriven: c.redriven.Load(),
+		Parked: c.parked.Load(), Redriven: c.redriven.Load(), RetryParked: c.retryParked.Load(),
 	}
 }

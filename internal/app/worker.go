@@ -352,6 +352,8 @@ func workerMetrics(w *settle.Worker) []metrics.Metric {
 			Read: metrics.One(func() int64 { return w.Stats().Parked })},
 		{Name: "payment_redriven_total", Help: "parked intents this process leased and tried again (each lease once)", Counter: true,
 			Read: metrics.One(func() int64 { return w.Stats().Redriven })},
+		{Name: "payment_retry_parked_total", Help: "delivered intents that failed transiently, parked on their backoff out of the consumer's window (retried by the re-drive)", Counter: true,
+			Read: metrics.One(func() int64 { return w.Stats().RetryParked })},
 	}
 }
 

@@ -175,12 +175,17 @@ VALUES ('t1', 'POST /v1/orders', 'held', '\x00', 1, '{}', now() + interval '1 ho
 		res, err = run("held")
 		done <- err
 	}()
-	time.Sleep(200 * time.Millisecond)
-	select {
-	case err := <-done:
-		t.Fatalf("the create did not wait for the key's holder: %+v %v", res, err)
-	default:
-	}
+	// It waits on the holder's key row: seen in pg_stat_activity, not
+	// assumed after a sleep (a loaded machine may start it later).
+	testenv.Eventually(t, 10*time.Second, "the create waiting for the key's holder", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the create did not wait for the key's holder: %+v %v", res, err)
+		default:
+		}
+		return count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+  AND clock_timestamp() - query_start > interval '50 milliseconds'`) == 1 // a wait, counted as one from 5 ms
+	})
 	if err := holder.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -322,33 +322,40 @@ func TestUpdate(t *testing.T) {
 	}
 }
 
-// Pay refuses an order whose total no provider charge can be (0, or above
-// MaxChargeAmount: the provider would refuse the charge and the order would
+// Pay refuses an order whose total no provider charge can be (0, above
+// MaxChargeAmount in the provider's units of its currency, or no whole
+// number of them: the provider would refuse the charge and the order would
 // stay payment_pending for good), changing nothing; the bounds pay.
 func TestPayRefusesAnUnchargeableTotal(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 11, 22, 9, 30, 0, 0, time.UTC)
 	for _, tt := range []struct {
-		total int64
-		ok    bool
+		currency string
+		total    int64
+		ok       bool
 	}{
-		{0, false}, {1, true}, {domain.MaxChargeAmount, true}, {domain.MaxChargeAmount + 1, false}, {domain.MaxAmount, false},
+		{"EUR", 0, false}, {"EUR", 1, true}, {"EUR", domain.MaxChargeAmount, true}, {"EUR", domain.MaxChargeAmount + 1, false}, {"EUR", domain.MaxAmount, false},
+		// The provider counts ISK in hundredths, MGA in whole ariary, and
+		// the three-decimal currencies in tens of their minor units.
+		{"ISK", domain.MaxChargeAmount / 100, true}, {"ISK", domain.MaxChargeAmount/100 + 1, false},
+		{"MGA", 100, true}, {"MGA", 150, false}, {"MGA", 99, false},
+		{"KWD", 1250, true}, {"KWD", 1255, false},
 	} {
 		for _, status := range []domain.Status{domain.StatusPending, domain.StatusPaymentFailed} {
 			o := orderIn(t, status)
-			o.Total = tt.total
+			o.Total, o.Currency = tt.total, tt.currency
 			before := o
 			ev, err := o.Pay(domain.DefaultPaymentMethod, now)
 			if tt.ok {
 				if err != nil || ev == nil || o.Status != domain.StatusPaymentPending {
-					t.Fatalf("%s order of %d: pay %v %v, status %s", status, tt.total, ev, err, o.Status)
+					t.Fatalf("%s order of %d %s: pay %v %v, status %s", status, tt.total, tt.currency, ev, err, o.Status)
 				}
 				continue
 			}
 			if !errors.Is(err, domain.ErrAmountNotChargeable) || domain.KindOf(err) != domain.KindInvalid || ev != nil ||
 				o.Status != status || o.Version != before.Version || o.Payment.Attempt != before.Payment.Attempt {
-				t.Fatalf("%s order of %d: pay %v %v, status %s version %d attempt %d; want ErrAmountNotChargeable, nothing changed",
-					status, tt.total, ev, err, o.Status, o.Version, o.Payment.Attempt)
+				t.Fatalf("%s order of %d %s: pay %v %v, status %s version %d attempt %d; want ErrAmountNotChargeable, nothing changed",
+					status, tt.total, tt.currency, ev, err, o.Status, o.Version, o.Payment.Attempt)
 			}
 		}
 	}

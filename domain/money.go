@@ -25,6 +25,61 @@ const MaxAmount int64 = 1_000_000_000_000
 // order would wait in payment_pending for an outcome that never comes.
 const MaxChargeAmount int64 = 99_999_999
 
+// chargeScale lists the currencies whose amounts a provider speaking
+// Stripe's API counts in other units than ISO 4217's minor units: ISK in
+// hundredths of a króna (ISO: whole krónur; Stripe keeps ISK a
+// two-decimal currency in its API, "an ISK amount of 100 represents 1
+// króna", and takes only whole krónur), MGA in whole ariary (ISO:
+// hundredths; a zero-decimal currency at Stripe). A positive scale
+// multiplies ours, a negative one divides it (and ours must divide
+// evenly).
+var chargeScale = map[string]int64{"ISK": 100, "MGA": -100}
+
+// tenths lists the three-decimal currencies, which Stripe takes only in
+// multiples of 10 (its payment partners' rule: the last digit is 0).
+var tenths = map[string]bool{"BHD": true, "JOD": true, "KWD": true, "OMR": true, "TND": true}
+
+// ChargeUnits converts amount, in minor units of currency, to the units a
+// provider speaking Stripe's API counts it in, and reports whether one
+// charge (or refund) can be of it: 1 to MaxChargeAmount of those units,
+// whole in them, and a multiple of 10 in a three-decimal currency. For most
+// currencies the two units are the same.
+func ChargeUnits(currency string, amount int64) (int64, bool) {
+	units := amount
+	switch scale := chargeScale[currency]; {
+	case scale > 0:
+		if amount > MaxChargeAmount/scale {
+			return 0, false
+		}
+		units = amount * scale
+	case scale < 0:
+		if amount%-scale != 0 {
+			return 0, false
+		}
+		units = amount / -scale
+	}
+	if units < 1 || units > MaxChargeAmount || tenths[currency] && units%10 != 0 {
+		return 0, false
+	}
+	return units, true
+}
+
+// FromChargeUnits converts units, an amount of currency as a provider
+// speaking Stripe's API counts it, to minor units, and reports whether it
+// is a whole number of them.
+func FromChargeUnits(currency string, units int64) (int64, bool) {
+	switch scale := chargeScale[currency]; {
+	case scale > 0:
+		return units / scale, units%scale == 0
+	case scale < 0:
+		if units > math.MaxInt64/-scale || units < math.MinInt64/-scale {
+			return 0, false
+		}
+		return units * -scale, true
+	}
+	return units, true
+}
+
 // iso4217 holds the active ISO 4217 alphabetic codes (list one of the standard,
 // less funds and precious metals).
 var iso4217 = func() map[string]bool {

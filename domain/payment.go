@@ -130,13 +130,12 @@ func (o *Order) Pay(method string, now time.Time) (Event, error) {
 	case StatusPaymentPending, StatusPaid:
 		return nil, nil
 	case StatusPending, StatusPaymentFailed:
-		if !Chargeable(o.Total) {
+		if !Chargeable(o.Currency, o.Total) {
 			return nil, &Error{
-				Kind: KindInvalid,
-				Message: fmt.Sprintf("order %s totals %d %s: a payment must be 1 to %d (integer minor units), the most one provider charge can be",
-					o.ID, o.Total, o.Currency, MaxChargeAmount),
-				State: string(o.Status),
-				Err:   ErrAmountNotChargeable,
+				Kind:    KindInvalid,
+				Message: fmt.Sprintf("order %s totals %d %s: %s", o.ID, o.Total, o.Currency, ChargeableRule(o.Currency)),
+				State:   string(o.Status),
+				Err:     ErrAmountNotChargeable,
 			}
 		}
 		attempt := o.Payment.Attempt + 1
@@ -149,9 +148,30 @@ func (o *Order) Pay(method string, now time.Time) (Event, error) {
 	return nil, o.refuse("pay")
 }
 
-// Chargeable reports whether amount (minor units) can be one provider
-// charge: 1 to MaxChargeAmount.
-func Chargeable(amount int64) bool { return amount >= 1 && amount <= MaxChargeAmount }
+// Chargeable reports whether amount (minor units of currency) can be one
+// provider charge: 1 to MaxChargeAmount in the provider's units of the
+// currency (see ChargeUnits).
+func Chargeable(currency string, amount int64) bool {
+	_, ok := ChargeUnits(currency, amount)
+	return ok
+}
+
+// ChargeableRule says, for a refusal, which amounts of currency one charge
+// can be (see ChargeUnits).
+func ChargeableRule(currency string) string {
+	rule := fmt.Sprintf("a payment must be 1 to %d minor units, the most one provider charge can be", MaxChargeAmount)
+	switch scale := chargeScale[currency]; {
+	case scale > 0:
+		rule = fmt.Sprintf("a payment must be 1 to %d minor units (the provider counts %s in 1/%d of them, at most %d), the most one provider charge can be",
+			MaxChargeAmount/scale, currency, scale, MaxChargeAmount)
+	case scale < 0:
+		rule = fmt.Sprintf("a payment must be a multiple of %d minor units (the provider counts %s in whole units), up to %d of those", -scale, currency, MaxChargeAmount)
+	}
+	if tenths[currency] {
+		rule += fmt.Sprintf(", and a multiple of 10 minor units in %s", currency)
+	}
+	return rule
+}
 
 // RecordCharge records the provider's outcome of charge attempt attempt: a
 // succeeded charge makes the order paid (OrderPaid), a decline makes it

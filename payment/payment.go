@@ -58,6 +58,7 @@ type RefundRequest struct {
 	IdempotencyKey string
 	ChargeID       string // "pi_…"
 	Amount         int64  // minor units, > 0
+	Currency       string // ISO 4217, the charge's (the provider's units of some differ: domain.ChargeUnits)
 }
 
 // RefundStatus is the outcome of a refund.

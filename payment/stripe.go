@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stripe/stripe-go/v84"
+
+	"github.com/acme/orders/domain"
 )
 
 // Defaults of Config.
@@ -125,8 +127,12 @@ func (s *Stripe) Charge(ctx context.Context, r ChargeRequest) (Charge, error) {
 		return Charge{}, fmt.Errorf("%w: charge needs a positive amount, a 3-letter currency and a payment method (got %d %q %q)",
 			ErrPermanent, r.Amount, r.Currency, r.PaymentMethod)
 	}
+	units, ok := domain.ChargeUnits(strings.ToUpper(r.Currency), r.Amount)
+	if !ok {
+		return Charge{}, fmt.Errorf("%w: %d %s cannot be charged: %s", ErrPermanent, r.Amount, r.Currency, domain.ChargeableRule(strings.ToUpper(r.Currency)))
+	}
 	params := &stripe.PaymentIntentCreateParams{
-		Amount:             stripe.Int64(r.Amount),
+		Amount:             stripe.Int64(units),
 		Currency:           stripe.String(strings.ToLower(r.Currency)),
 		PaymentMethod:      stripe.String(r.PaymentMethod),
 		PaymentMethodTypes: []*string{stripe.String("card")},
@@ -141,7 +147,7 @@ func (s *Stripe) Charge(ctx context.Context, r ChargeRequest) (Charge, error) {
 	if err != nil {
 		var se *stripe.Error
 		if errors.As(err, &se) && se.Type == stripe.ErrorTypeCard && se.PaymentIntent != nil {
-			return chargeOf(se.PaymentIntent, se), nil // declined: an outcome
+			return chargeOf(se.PaymentIntent, se) // declined: an outcome
 		}
 		if errors.As(err, &se) && se.HTTPStatusCode == http.StatusBadRequest &&
 			se.Type == stripe.ErrorTypeInvalidRequest && se.Param == "payment_method" && customerMethodCodes[se.Code] {
@@ -150,14 +156,32 @@ func (s *Stripe) Charge(ctx context.Context, r ChargeRequest) (Charge, error) {
 			// dead-lettering it would leave the order payment_pending for
 			// good. If the provider made an intent anyway, it says which.
 			if se.PaymentIntent != nil {
-				return chargeOf(se.PaymentIntent, se), nil
+				return chargeOf(se.PaymentIntent, se)
 			}
+			return Charge{Amount: r.Amount, Currency: r.Currency, Status: ChargeDeclined,
+				DeclineCode: string(se.Code), DeclineReason: se.Msg}, nil
+		}
+		if errors.As(err, &se) && se.HTTPStatusCode == http.StatusBadRequest &&
+			se.Type == stripe.ErrorTypeInvalidRequest && se.Param == "amount" && amountCodes[se.Code] {
+			// An amount the provider will not charge in this currency (under
+			// its minimum, say, which depends on the account's settlement
+			// currency): no retry changes it, and the order's total is
+			// fixed. A decline the order can leave (cancel), where a dead
+			// letter would keep it payment_pending for good.
 			return Charge{Amount: r.Amount, Currency: r.Currency, Status: ChargeDeclined,
 				DeclineCode: string(se.Code), DeclineReason: se.Msg}, nil
 		}
 		return Charge{}, classify("create payment intent", err)
 	}
-	return chargeOf(pi, nil), nil
+	return chargeOf(pi, nil)
+}
+
+// amountCodes are the error codes of a refused amount: declines.
+var amountCodes = map[stripe.ErrorCode]bool{
+	stripe.ErrorCodeAmountTooSmall:                true,
+	stripe.ErrorCodeAmountTooLarge:                true,
+	stripe.ErrorCodeInvalidChargeAmount:           true,
+	"invalid_charge_amount_no_decimal_compatible": true,
 }
 
 // Refund refunds r.Amount of charge r.ChargeID with r.IdempotencyKey. A
@@ -171,9 +195,13 @@ func (s *Stripe) Refund(ctx context.Context, r RefundRequest) (Refund, error) {
 	if r.Amount <= 0 || r.ChargeID == "" {
 		return Refund{}, fmt.Errorf("%w: refund needs a charge id and a positive amount (got %q %d)", ErrPermanent, r.ChargeID, r.Amount)
 	}
+	units, ok := domain.ChargeUnits(strings.ToUpper(r.Currency), r.Amount)
+	if !ok {
+		return Refund{}, fmt.Errorf("%w: %d %s cannot be refunded: %s", ErrPermanent, r.Amount, r.Currency, domain.ChargeableRule(strings.ToUpper(r.Currency)))
+	}
 	params := &stripe.RefundCreateParams{
 		PaymentIntent: stripe.String(r.ChargeID),
-		Amount:        stripe.Int64(r.Amount),
+		Amount:        stripe.Int64(units),
 	}
 	params.IdempotencyKey = stripe.String(r.IdempotencyKey)
 	params.AddMetadata(MetadataIdempotencyKey, r.IdempotencyKey)
@@ -226,8 +254,12 @@ func (s *Stripe) FindRefund(ctx context.Context, chargeID, idempotencyKey string
 // refundOf maps a Refund of charge chargeID; one not settled yet is an
 // ErrTransient error.
 func refundOf(re *stripe.Refund, chargeID string) (Refund, error) {
-	out := Refund{ID: re.ID, ChargeID: chargeID, Amount: re.Amount, Currency: strings.ToUpper(string(re.Currency)),
+	out := Refund{ID: re.ID, ChargeID: chargeID, Currency: strings.ToUpper(string(re.Currency)),
 		Status: RefundSucceeded, FailureReason: string(re.FailureReason)}
+	var err error
+	if out.Amount, err = minorUnits(out.Currency, re.Amount); err != nil {
+		return Refund{}, fmt.Errorf("refund %s: %w", re.ID, err)
+	}
 	if re.PaymentIntent != nil && re.PaymentIntent.ID != "" {
 		out.ChargeID = re.PaymentIntent.ID
 	}
@@ -265,7 +297,10 @@ func (s *Stripe) FindCharge(ctx context.Context, idempotencyKey string) (Charge,
 		if err != nil {
 			return Charge{}, false, classify("search payment intents", err)
 		}
-		c := chargeOf(pi, nil)
+		c, err := chargeOf(pi, nil)
+		if err != nil {
+			return Charge{}, false, err
+		}
 		// One key makes one PaymentIntent within 24 h; if it was reused
 		// after that, a succeeded one is what matters.
 		if !found || c.Status == ChargeSucceeded && best.Status != ChargeSucceeded {
@@ -275,11 +310,27 @@ func (s *Stripe) FindCharge(ctx context.Context, idempotencyKey string) (Charge,
 	return best, found, nil
 }
 
-// chargeOf maps a PaymentIntent (and the card error that declined it).
-func chargeOf(pi *stripe.PaymentIntent, declined *stripe.Error) Charge {
-	c := Charge{ID: pi.ID, Amount: pi.Amount, Currency: strings.ToUpper(string(pi.Currency)), Status: ChargeSucceeded}
+// minorUnits converts an amount of currency as the provider counts it to
+// minor units (see domain.ChargeUnits). One that is no whole number of them
+// is an ErrPermanent error: never taken for a neighbouring amount.
+func minorUnits(currency string, units int64) (int64, error) {
+	amount, ok := domain.FromChargeUnits(currency, units)
+	if !ok {
+		return 0, fmt.Errorf("%w: the provider's amount %d %s is no whole number of minor units", ErrPermanent, units, currency)
+	}
+	return amount, nil
+}
+
+// chargeOf maps a PaymentIntent (and the card error that declined it),
+// its amount in minor units.
+func chargeOf(pi *stripe.PaymentIntent, declined *stripe.Error) (Charge, error) {
+	c := Charge{ID: pi.ID, Currency: strings.ToUpper(string(pi.Currency)), Status: ChargeSucceeded}
+	var err error
+	if c.Amount, err = minorUnits(c.Currency, pi.Amount); err != nil {
+		return Charge{}, fmt.Errorf("payment intent %s: %w", pi.ID, err)
+	}
 	if pi.Status == stripe.PaymentIntentStatusSucceeded {
-		return c
+		return c, nil
 	}
 	c.Status = ChargeDeclined
 	e := declined
@@ -295,7 +346,7 @@ func chargeOf(pi *stripe.PaymentIntent, declined *stripe.Error) Charge {
 	if c.DeclineCode == "" {
 		c.DeclineCode = string(pi.Status)
 	}
-	return c
+	return c, nil
 }
 
 // customerMethodCodes are the error codes of a refused payment_method the

@@ -312,7 +312,7 @@ func TestRefundOncePerKey(t *testing.T) {
 	ctx := context.Background()
 	c, err := s.Charge(ctx, chargeReq("dev:order:o1:charge:1"))
 	require.NoError(t, err)
-	req := payment.RefundRequest{IdempotencyKey: "dev:order:o1:refund:1", ChargeID: c.ID, Amount: c.Amount}
+	req := payment.RefundRequest{IdempotencyKey: "dev:order:o1:refund:1", ChargeID: c.ID, Amount: c.Amount, Currency: "EUR"}
 	r1, err := s.Refund(ctx, req)
 	require.NoError(t, err)
 	require.Equal(t, payment.Refund{ID: r1.ID, ChargeID: c.ID, Amount: 1250, Currency: "EUR", Status: payment.RefundSucceeded}, r1)
@@ -343,19 +343,19 @@ func TestRefundOutcomes(t *testing.T) {
 	c, err := s.Charge(ctx, r)
 	require.NoError(t, err)
 	require.Equal(t, payment.ChargeSucceeded, c.Status)
-	ref, err := s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "r1", ChargeID: c.ID, Amount: c.Amount})
+	ref, err := s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "r1", ChargeID: c.ID, Amount: c.Amount, Currency: "EUR"})
 	require.NoError(t, err)
 	require.Equal(t, payment.RefundFailed, ref.Status)
 	require.NotEmpty(t, ref.FailureReason)
 
-	_, err = s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "r2", ChargeID: "pi_unknown", Amount: 1})
+	_, err = s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "r2", ChargeID: "pi_unknown", Amount: 1, Currency: "EUR"})
 	require.ErrorIs(t, err, payment.ErrPermanent)
 
 	d := chargeReq("c2")
 	d.PaymentMethod = "pm_card_chargeDeclined"
 	declined, err := s.Charge(ctx, d)
 	require.NoError(t, err)
-	_, err = s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "r3", ChargeID: declined.ID, Amount: 1})
+	_, err = s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "r3", ChargeID: declined.ID, Amount: 1, Currency: "EUR"})
 	require.ErrorIs(t, err, payment.ErrPermanent)
 }
 
@@ -412,7 +412,7 @@ func TestFindRefundByKey(t *testing.T) {
 	require.NoError(t, err)
 	var made []payment.Refund
 	for i := range 105 { // more than one page of 100
-		rf, err := s.Refund(ctx, payment.RefundRequest{IdempotencyKey: fmt.Sprintf("dev:order:o1:refund:%d", i+1), ChargeID: c.ID, Amount: int64(i + 1)})
+		rf, err := s.Refund(ctx, payment.RefundRequest{IdempotencyKey: fmt.Sprintf("dev:order:o1:refund:%d", i+1), ChargeID: c.ID, Amount: int64(i + 1), Currency: "EUR"})
 		require.NoError(t, err)
 		made = append(made, rf)
 	}
@@ -436,11 +436,74 @@ func TestFindRefundByKey(t *testing.T) {
 	f.PaymentMethod = "pm_card_refundFail"
 	fc, err := s.Charge(ctx, f)
 	require.NoError(t, err)
-	failed, err := s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "dev:order:o3:refund:1", ChargeID: fc.ID, Amount: 1250})
+	failed, err := s.Refund(ctx, payment.RefundRequest{IdempotencyKey: "dev:order:o3:refund:1", ChargeID: fc.ID, Amount: 1250, Currency: "EUR"})
 	require.NoError(t, err)
 	got, ok, err := s.FindRefund(ctx, fc.ID, "dev:order:o3:refund:1")
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, payment.RefundFailed, got.Status)
 	require.Equal(t, failed, got)
+}
+
+// Amounts go to the provider in its units of the currency and come back in
+// ours (domain.ChargeUnits): ISK in hundredths of a króna, MGA in whole
+// ariary. Before, an ISK order of 5,000 krónur was charged 50 and recorded
+// paid, the provider's 5000 matching the order's total.
+func TestAmountsGoInTheProvidersUnitsAndComeBackInOurs(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{})
+	ctx := context.Background()
+	for i, tt := range []struct {
+		currency    string
+		ours, units int64
+	}{{"ISK", 5000, 500000}, {"MGA", 1500, 15}, {"KWD", 1250, 1250}, {"JPY", 500, 500}} {
+		r := chargeReq(fmt.Sprintf("dev:order:o%d:charge:1", i))
+		r.Currency, r.Amount = tt.currency, tt.ours
+		c, err := s.Charge(ctx, r)
+		require.NoError(t, err)
+		require.Equal(t, tt.ours, c.Amount, tt.currency)
+		found, ok, err := s.FindCharge(ctx, r.IdempotencyKey)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, tt.ours, found.Amount, tt.currency)
+		rf, err := s.Refund(ctx, payment.RefundRequest{IdempotencyKey: fmt.Sprintf("dev:order:o%d:refund:1", i), ChargeID: c.ID, Amount: c.Amount, Currency: tt.currency})
+		require.NoError(t, err)
+		require.Equal(t, tt.ours, rf.Amount, tt.currency)
+
+		l := fakepsptest.Ledger(t, srv)
+		require.Equal(t, tt.units, l.Charges[len(l.Charges)-1].Amount, tt.currency)
+		require.Equal(t, tt.units, l.Refunds[len(l.Refunds)-1].Amount, tt.currency)
+	}
+	// Amounts that are no whole number of the provider's units, or a
+	// three-decimal amount not in tens: refused before any call.
+	for _, tt := range []struct {
+		currency string
+		amount   int64
+	}{{"MGA", 1550}, {"KWD", 1005}, {"ISK", 1_000_000}} {
+		r := chargeReq("dev:order:bad-" + tt.currency + ":charge:1")
+		r.Currency, r.Amount = tt.currency, tt.amount
+		_, err := s.Charge(ctx, r)
+		require.ErrorIs(t, err, payment.ErrPermanent, tt.currency)
+	}
+	require.Len(t, fakepsptest.Ledger(t, srv).Charges, 4)
+}
+
+// An amount the provider refuses (under its minimum for the currency, say:
+// Stripe's 400 amount_too_small on amount) is a decline the order can
+// leave, not a permanent error that would keep it payment_pending.
+func TestARefusedAmountIsADecline(t *testing.T) {
+	t.Parallel()
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, `{"error":{"type":"invalid_request_error","code":"amount_too_small","param":"amount","message":"Amount must be at least €0.50 eur"}}`)
+	}))
+	defer hs.Close()
+	r := chargeReq("k")
+	r.Amount = 30
+	c, err := adapter(t, hs.URL, payment.Config{}).Charge(context.Background(), r)
+	require.NoError(t, err)
+	require.Equal(t, payment.ChargeDeclined, c.Status)
+	require.Equal(t, "amount_too_small", c.DeclineCode)
+	require.Equal(t, int64(30), c.Amount)
 }

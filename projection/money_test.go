@@ -44,7 +44,7 @@ func paidOrder(t *testing.T, total int64, cancel bool) []domain.Envelope {
 		}
 		add(e)
 	}
-	if domain.Chargeable(total) {
+	if domain.Chargeable(o.Currency, total) {
 		step(o.Pay(domain.DefaultPaymentMethod, moneyDay))
 	} else {
 		// Pay refuses such a total now; an order placed before it did

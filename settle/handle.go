@@ -121,13 +121,13 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 		err   error
 		start = time.Now()
 	)
-	if !domain.Chargeable(req.Amount) {
+	if !domain.Chargeable(req.Currency, req.Amount) {
 		// Asked for before pay refused such totals: the provider refuses
 		// it (400, dead-lettered, and again on every retry), which would
 		// leave the order payment_pending with nothing able to move it.
 		// Nothing can be charged: record it as a decline, without a call.
 		ch = payment.Charge{Amount: req.Amount, Currency: req.Currency, Status: payment.ChargeDeclined, DeclineCode: AmountNotChargeable,
-			DeclineReason: fmt.Sprintf("the amount %d must be 1 to %d minor units to be charged", req.Amount, domain.MaxChargeAmount)}
+			DeclineReason: fmt.Sprintf("the amount %d %s cannot be charged: %s", req.Amount, req.Currency, domain.ChargeableRule(req.Currency))}
 		found = true
 	} else if redelivered {
 		// The key makes the provider replay its charge for 24 h; a
@@ -207,7 +207,7 @@ func (w *Worker) refund(ctx context.Context, env domain.Envelope, redelivered bo
 	if !found {
 		rctx, span := tracing.StartChild(ctx, "refund", trace.WithSpanKind(trace.SpanKindClient))
 		start = time.Now() // the refund, not the look-up that found none
-		rf, err = w.provider.Refund(rctx, payment.RefundRequest{IdempotencyKey: req.RefundKey, ChargeID: req.ChargeID, Amount: req.Amount})
+		rf, err = w.provider.Refund(rctx, payment.RefundRequest{IdempotencyKey: req.RefundKey, ChargeID: req.ChargeID, Amount: req.Amount, Currency: req.Currency})
 		tracing.Fail(span, err)
 		span.End()
 		if err != nil {

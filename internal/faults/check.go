@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/acme/orders/domain"
 	"github.com/acme/orders/fakepsp"
 	"github.com/acme/orders/internal/invariant"
 )
@@ -205,12 +206,21 @@ func ledgerViolations(l fakepsp.Ledger, orders []orderRow, rows []paymentRow) (o
 		kind, order, key, id, charge, status, currency string
 		amount                                         int64
 	}
+	// The provider counts some currencies in other units than ours
+	// (domain.ChargeUnits); one that is no whole number of ours is -1,
+	// which no row of ours agrees with.
+	minor := func(currency string, units int64) int64 {
+		if amount, ok := domain.FromChargeUnits(strings.ToUpper(currency), units); ok {
+			return amount
+		}
+		return -1
+	}
 	var entries []entry
 	for _, c := range l.Charges {
-		entries = append(entries, entry{"charge", orderOf(c.Metadata, deref(c.IdempotencyKey)), deref(c.IdempotencyKey), c.ID, c.ChargeID, c.Status, c.Currency, c.Amount})
+		entries = append(entries, entry{"charge", orderOf(c.Metadata, deref(c.IdempotencyKey)), deref(c.IdempotencyKey), c.ID, c.ChargeID, c.Status, c.Currency, minor(c.Currency, c.Amount)})
 	}
 	for _, r := range l.Refunds {
-		entries = append(entries, entry{"refund", orderOf(r.Metadata, deref(r.IdempotencyKey)), deref(r.IdempotencyKey), r.ID, r.ID, r.Status, r.Currency, r.Amount})
+		entries = append(entries, entry{"refund", orderOf(r.Metadata, deref(r.IdempotencyKey)), deref(r.IdempotencyKey), r.ID, r.ID, r.Status, r.Currency, minor(r.Currency, r.Amount)})
 	}
 	ours := map[string]paymentRow{}
 	for _, r := range rows {

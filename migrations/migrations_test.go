@@ -111,7 +111,8 @@ FROM order_items ORDER BY tenant_id, order_id, line_no`)
 
 // Migration 015 makes a key one per tenant: a key a tenant used on two
 // routes keeps its oldest row, the later one is renamed apart (and kept),
-// and the down migration restores both under their own names.
+// and the down migration restores both under their own names; or, if the
+// old name was taken again since, drops the renamed (older) row.
 func TestAKeyUsedOnTwoRoutesKeepsItsOldestRowAndBack(t *testing.T) {
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
@@ -136,17 +137,46 @@ VALUES ('t1', 'POST /v1/orders/{id}/pay', 'k', '\x01', 1, '{}', now() - interval
 		return got
 	}
 	before := keys()
-	migrateTo(t, conn, 15)
-	want := []string{
+	renamed := []string{
 		`t1 POST /v1/orders k`,
 		`t1 POST /v1/orders/{id}/pay k\nPOST /v1/orders/{id}/pay`,
 		`t2 POST /v1/orders/{id}/pay k`,
 	}
-	if got := keys(); !slices.Equal(got, want) {
-		t.Errorf("after 015: %q, want %q", got, want)
+	migrateTo(t, conn, 15)
+	if got := keys(); !slices.Equal(got, renamed) {
+		t.Errorf("after 015: %q, want %q", got, renamed)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
+VALUES ('t1', 'POST /v1/orders/{id}/ship', 'k', '\x04', 1, '{}', now())`); err == nil {
+		t.Error("after 015 a tenant's key took a second route")
+	}
+	// An api of the release before, beside a new one in a rolling deploy,
+	// still claims on (tenant_id, scope, key).
+	if _, err := conn.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
+VALUES ('t2', 'POST /v1/orders/{id}/pay', 'k', '\x06', 1, '{}', now())
+ON CONFLICT (tenant_id, scope, key) DO NOTHING`); err != nil {
+		t.Errorf("the previous release's claim after 015: %v", err)
 	}
 	migrateTo(t, conn, 14)
 	if got := keys(); !slices.Equal(got, before) {
 		t.Errorf("after 015 and back: %q, want %q", got, before)
+	}
+
+	// The oldest row expires and goes; the key is used again on the
+	// renamed row's route; then down: the renamed (older) row goes.
+	migrateTo(t, conn, 15)
+	if _, err := conn.Exec(ctx, `DELETE FROM idempotency_keys WHERE tenant_id = 't1' AND key = 'k';
+INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
+VALUES ('t1', 'POST /v1/orders/{id}/pay', 'k', '\x05', 1, '{}', now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	migrateTo(t, conn, 14)
+	want := []string{`t1 POST /v1/orders/{id}/pay k`, `t2 POST /v1/orders/{id}/pay k`}
+	if got := keys(); !slices.Equal(got, want) {
+		t.Errorf("down with the old name taken again: %q, want %q", got, want)
+	}
+	var fp []byte
+	if err := conn.QueryRow(ctx, `SELECT fingerprint FROM idempotency_keys WHERE tenant_id = 't1'`).Scan(&fp); err != nil || string(fp) != "\x05" {
+		t.Errorf("t1's row after down: fingerprint %x %v, want the newer row's 05", fp, err)
 	}
 }

@@ -231,7 +231,7 @@ type Reached struct {
 //     ahead of a missing predecessor (gap, left for redelivery; parked in
 //     dead_letters if the aggregate has an open dead letter); an event
 //     naming an order of another tenant (its position's, or that of the
-//     order's first event in the batch) is malformed (foreign);
+//     order's first version applied in the batch) is malformed (foreign);
 //  2. record applied and stale events in the inbox; one already there is a
 //     duplicate and is not applied again;
 //  3. apply the new events and advance the positions (the checkpoint
@@ -270,12 +270,11 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 	var recorded, gaps []*event // recorded: applied or stale, they go into the inbox
 	seen := make(map[uuid.UUID]bool, len(live))
 	for _, e := range live { // in (aggregate, version) order
-		pos, known := positions[e.env.AggregateID]
-		if !known { // the order's first event in the batch names its tenant
-			pos.tenant = e.env.TenantID
-			positions[e.env.AggregateID] = pos
-		}
-		if e.env.TenantID != pos.tenant {
+		// An order's tenant is its position's, or its first version's,
+		// applied in this batch; a gap names none (a forged one would
+		// otherwise make the order's own events foreign).
+		pos := positions[e.env.AggregateID]
+		if pos.tenant != "" && e.env.TenantID != pos.tenant {
 			e.outcome, e.err, e.permanent = Malformed, foreign(e.env, pos.tenant), true
 			continue
 		}
@@ -289,7 +288,7 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 			e.outcome = Stale
 		case v == pos.version+1:
 			e.outcome = Applied
-			pos.version = v
+			pos.version, pos.tenant = v, e.env.TenantID
 			positions[e.env.AggregateID] = pos
 		default:
 			e.outcome = Gap

@@ -338,3 +338,35 @@ func TestTwoFirstVersionsOfANewOrderInFlightAtOnceApplyOnce(t *testing.T) {
 		})
 	}
 }
+
+// A gap names no owner of an order: another tenant's forged event that
+// sorts first in a batch, before the order's first version came, leaves
+// the order's own later event a gap too (it made it foreign before, and
+// dead-lettered it open). Once the order's first version is applied, the
+// forged one is foreign.
+func TestAGapNamesNoOwnerOfAnOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f, _ := pipelinedFixture(t, CustomerSummaries{})
+	a := orderEvents(t, "tA", "c-a")
+	forged := forgeFor(a[1], "tB")
+	gaps := events([]domain.Envelope{forged, a[2]}, 1)
+	if err := f.runner.commit(ctx, gaps); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range gaps {
+		if e.outcome != Gap {
+			t.Errorf("tenant %s's v%d before the order's first version: %s %v, want a gap", e.env.TenantID, e.env.AggregateVersion, e.outcome, e.err)
+		}
+	}
+	batch := events([]domain.Envelope{a[0], forged}, 3)
+	if err := f.runner.commit(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range batch {
+		want := map[string]Outcome{"tA": Applied, "tB": Malformed}[e.env.TenantID]
+		if e.outcome != want {
+			t.Errorf("tenant %s's v%d after the order's first version: %s %v, want %s", e.env.TenantID, e.env.AggregateVersion, e.outcome, e.err, want)
+		}
+	}
+}

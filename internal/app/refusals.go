@@ -36,6 +36,15 @@ func (l refusalListener) Accept() (net.Conn, error) {
 
 type refusalConn struct{ net.Conn }
 
+// CloseWrite half-closes the connection, as net/http does before its
+// short wait after some refusals (a *net.TCPConn can).
+func (c refusalConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 func (c refusalConn) Write(p []byte) (int, error) {
 	if answer, ok := rewriteRefusal(p); ok {
 		if _, err := c.Conn.Write(answer); err != nil {

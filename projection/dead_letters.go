@@ -186,8 +186,7 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 			// it; skipping a missing predecessor too would lose it silently.
 			var pos int64
 			var owner string
-			err := tx.QueryRow(ctx, `SELECT version, tenant_id FROM projection_positions WHERE projection = $1 AND aggregate_id = $2`,
-				r.proj.Name(), e.env.AggregateID).Scan(&pos, &owner)
+			err := tx.QueryRow(ctx, positionForUpdateSQL, r.proj.Name(), e.env.AggregateID).Scan(&pos, &owner)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 			case err != nil:

@@ -44,19 +44,22 @@ CROSS JOIN LATERAL (
 
 	// PositionsAdvanceSQL records the versions ($4) a batch applied to its
 	// orders ($3, of tenants $2), each from the position the batch found
-	// ($5; 0: none yet), and returns how many moved. A position that is no
-	// longer where the batch found it does not move, and then the batch
-	// must not commit: the batch locked every position that existed, so
-	// only a position made since can be elsewhere, by another batch that
-	// applied the same order's first version (two different events both
-	// claiming version 1: a forged stream). Without the check both applied.
+	// and holds locked ($5; 0: none yet), and returns how many it wrote.
+	// An order with no position gets one only if none was made since the
+	// batch looked: the batch locked every position that existed, so only
+	// such a new one can be elsewhere, made by another batch that applied
+	// the same order's first version (two different events both claiming
+	// version 1: a forged stream). Then the count is short and the batch
+	// must not commit; without the check both applied. Both halves are
+	// inserts, probing the primary key per order, whatever the statistics.
 	PositionsAdvanceSQL = `
 WITH p AS (
     SELECT * FROM unnest($2::text[], $3::uuid[], $4::bigint[], $5::bigint[]) AS p(tenant_id, aggregate_id, version, before)
 ), moved AS (
-    UPDATE projection_positions pp SET version = p.version
-    FROM p
-    WHERE p.before > 0 AND pp.projection = $1 AND pp.aggregate_id = p.aggregate_id AND pp.version = p.before
+    INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)
+    SELECT $1, tenant_id, aggregate_id, version FROM p WHERE before > 0
+    ORDER BY aggregate_id
+    ON CONFLICT (projection, aggregate_id) DO UPDATE SET version = EXCLUDED.version
     RETURNING 1
 ), added AS (
     INSERT INTO projection_positions (projection, tenant_id, aggregate_id, version)
@@ -516,9 +519,10 @@ func foreign(env domain.Envelope, owner string) error {
 	return fmt.Errorf("%w: an event of tenant %q names order %s of tenant %q", domain.ErrMalformedEvent, env.TenantID, env.AggregateID, owner)
 }
 
-// advanceOne moves env's order's position from before to env's version
+// advanceOne moves env's order's position from before, where the caller
+// holds it locked (positionForUpdate), to env's version
 // (PositionsAdvanceSQL), for an event skipped on purpose (a discard), and
-// fails if the position is no longer at before.
+// fails if an order without a position got one meanwhile.
 func advanceOne(ctx context.Context, tx pgx.Tx, projection string, env domain.Envelope, before int64) error {
 	var moved int
 	if err := tx.QueryRow(ctx, PositionsAdvanceSQL, projection, []string{env.TenantID}, []uuid.UUID{env.AggregateID},
@@ -530,6 +534,10 @@ func advanceOne(ctx context.Context, tx pgx.Tx, projection string, env domain.En
 	}
 	return nil
 }
+
+// positionForUpdateSQL locks and reads an order's position ($1 the
+// projection, $2 the order), for advanceOne.
+const positionForUpdateSQL = `SELECT version, tenant_id FROM projection_positions WHERE projection = $1 AND aggregate_id = $2 FOR UPDATE`
 
 // lockPositions takes the projection's shared lock and then locks and reads
 // the positions of aggregates, in one round trip.

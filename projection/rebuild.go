@@ -327,8 +327,8 @@ func (r *Runner) discardedEvents(ctx context.Context, db postgres.DB) (map[uuid.
 // is a gap (its predecessor left out) and left out with it.
 func (r *Runner) skipDiscarded(ctx context.Context, tx pgx.Tx, e *event) error {
 	var pos int64
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM projection_positions WHERE projection = $1 AND aggregate_id = $2`,
-		r.proj.Name(), e.env.AggregateID).Scan(&pos); err != nil {
+	var owner string
+	if err := tx.QueryRow(ctx, positionForUpdateSQL, r.proj.Name(), e.env.AggregateID).Scan(&pos, &owner); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("read the rebuilt position of order %s: %w", e.env.AggregateID, err)
 	}
 	switch v := e.env.AggregateVersion; {

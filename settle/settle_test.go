@@ -715,17 +715,33 @@ func TestADeferredIntentIsChargedWithoutALookUp(t *testing.T) {
 	}
 }
 
-// loseFirstRefund makes the provider's first refund, and loses its answer
-// (a transient error to the worker), as a dropped connection would.
-type loseFirstRefund struct {
+// loseFirst makes the provider's first charge (refund: its first refund),
+// and loses its answer (a transient error to the worker), as a dropped
+// connection would. calls counts the calls of that kind.
+type loseFirst struct {
 	settle.Provider
-	calls atomic.Int64
+	refund bool
+	calls  atomic.Int64
 }
 
-func (l *loseFirstRefund) Refund(ctx context.Context, r payment.RefundRequest) (payment.Refund, error) {
+// lost reports whether the answer of a call of the kind lose loses, which
+// returned err, is to be lost: the first one's, if it succeeded.
+func (l *loseFirst) lost(err error) bool { return l.calls.Add(1) == 1 && err == nil }
+
+var errAnswerLost = fmt.Errorf("%w: the answer was lost", payment.ErrTransient)
+
+func (l *loseFirst) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
+	ch, err := l.Provider.Charge(ctx, r)
+	if !l.refund && l.lost(err) {
+		return payment.Charge{}, errAnswerLost
+	}
+	return ch, err
+}
+
+func (l *loseFirst) Refund(ctx context.Context, r payment.RefundRequest) (payment.Refund, error) {
 	rf, err := l.Provider.Refund(ctx, r)
-	if l.calls.Add(1) == 1 && err == nil {
-		return payment.Refund{}, fmt.Errorf("%w: the answer was lost", payment.ErrTransient)
+	if l.refund && l.lost(err) {
+		return payment.Refund{}, errAnswerLost
 	}
 	return rf, err
 }
@@ -737,7 +753,7 @@ func (l *loseFirstRefund) Refund(ctx context.Context, r payment.RefundRequest) (
 func TestAFailedRefundFoundByKeyIsRecordedNotAskedAgain(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, fakepsp.Faults{})
-	lose := &loseFirstRefund{Provider: r.provider}
+	lose := &loseFirst{Provider: r.provider, refund: true}
 	r.provider = lose
 	r.start(t, settle.Config{})
 	id := r.order(t)
@@ -1032,21 +1048,6 @@ FROM dead_letters WHERE projection = $1 AND tenant_id = 'hog'`, settle.ChargeCon
 	}
 }
 
-// loseFirstCharge makes the provider's first charge, and loses its answer
-// (a transient error to the worker), as a dropped connection would.
-type loseFirstCharge struct {
-	settle.Provider
-	calls atomic.Int64
-}
-
-func (l *loseFirstCharge) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
-	ch, err := l.Provider.Charge(ctx, r)
-	if l.calls.Add(1) == 1 && err == nil {
-		return payment.Charge{}, fmt.Errorf("%w: the answer was lost", payment.ErrTransient)
-	}
-	return ch, err
-}
-
 // G8 for a delivered intent parked on its failure: its call may have
 // reached the provider (here it did, and the answer was lost), so its
 // first lease looks the charge up by key before it calls again; the key
@@ -1055,7 +1056,7 @@ func (l *loseFirstCharge) Charge(ctx context.Context, r payment.ChargeRequest) (
 func TestAFailedIntentParkedOnItsBackoffIsLookedUpByKey(t *testing.T) {
 	t.Parallel()
 	r := newRigWith(t, fakepsp.Config{KeyTTL: time.Second})
-	lose := &loseFirstCharge{Provider: r.provider}
+	lose := &loseFirst{Provider: r.provider}
 	finds := &countFinds{Provider: lose}
 	r.provider = finds
 	w, _ := r.start(t, settle.Config{MinBackoff: 2 * time.Second, MaxBackoff: 2 * time.Second, DeferDelay: 20 * time.Millisecond})

@@ -370,20 +370,8 @@ func TestTrickledBodyDoesNotHoldAConnectionSlot(t *testing.T) {
 	for _, path := range []string{"/openapi.json", "/healthz", "/no-such-path", "/v1/orders"} {
 		t.Run(path, func(t *testing.T) {
 			t.Parallel()
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			addr := ln.Addr().String()
-			ln.Close()
 			reg := prometheus.NewRegistry()
-			ctx, cancel := context.WithCancel(context.Background())
-			served := make(chan error, 1)
-			go func() { served <- ServeConns(ctx, addr, h, logger, time.Second, 2, reg) }()
-			t.Cleanup(func() {
-				cancel()
-				<-served
-			})
+			addr := serveConns(t, h, logger, 2, reg)
 
 			done := make(chan struct{})
 			var trickling sync.WaitGroup
@@ -458,4 +446,25 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return -1
+}
+
+// serveConns serves h with ServeConns (at most maxConns connections, their
+// state on reg) on a free local port until the test ends, and returns the
+// address.
+func serveConns(t *testing.T, h http.Handler, logger *slog.Logger, maxConns int, reg prometheus.Registerer) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- ServeConns(ctx, addr, h, logger, time.Second, maxConns, reg) }()
+	t.Cleanup(func() {
+		cancel()
+		<-served
+	})
+	return addr
 }

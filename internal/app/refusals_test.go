@@ -2,11 +2,9 @@ package app
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -22,19 +20,7 @@ func TestRequestsRefusedBeforeTheHandlerGetProblemJSON(t *testing.T) {
 	t.Parallel()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h := httpapi.New(httpapi.Deps{Logger: logger, BodyTimeout: time.Second})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- ServeConns(ctx, addr, h, logger, time.Second, 8, nil) }()
-	t.Cleanup(func() {
-		cancel()
-		<-served
-	})
+	addr := serveConns(t, h, logger, 8, nil)
 
 	tests := []struct {
 		name, request string

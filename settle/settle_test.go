@@ -198,6 +198,21 @@ func (r *rig) waitSettled(t testing.TB, consumer string) {
 	})
 }
 
+// waitDeadLetters waits up to d for the worker's one open dead letter
+// (what names the wait) and returns the list.
+func (r *rig) waitDeadLetters(t testing.TB, d time.Duration, what string) []settle.DeadLetter {
+	t.Helper()
+	var dls []settle.DeadLetter
+	testenv.Eventually(t, d, what, func() bool {
+		var err error
+		if dls, err = settle.ListDeadLetters(context.Background(), r.db, false); err != nil {
+			t.Fatal(err)
+		}
+		return len(dls) == 1
+	})
+	return dls
+}
+
 // succeededCharges counts the provider's succeeded charges of key.
 func succeededCharges(l fakepsp.Ledger, key string) (n int) {
 	for _, c := range l.Charges {
@@ -373,15 +388,7 @@ func TestPermanentFailureIsDeadLetteredAndRetried(t *testing.T) {
 	id := r.order(t)
 	r.pay(t, id, domain.DefaultPaymentMethod)
 	r.publish(t, id, domain.TypePaymentRequested, 0)
-	var dls []settle.DeadLetter
-	testenv.Eventually(t, 15*time.Second, "a dead letter", func() bool {
-		var err error
-		dls, err = settle.ListDeadLetters(context.Background(), r.db, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(dls) == 1
-	})
+	dls := r.waitDeadLetters(t, 15*time.Second, "a dead letter")
 	if dls[0].Consumer != settle.ChargeConsumer || dls[0].Deliveries != 1 {
 		t.Fatalf("dead letter %+v: want the charge consumer's, on the first delivery", dls[0])
 	}
@@ -641,14 +648,7 @@ func TestRefundDeadLetteredThenRetriedAfterTheKeyExpiredIsRecordedOnce(t *testin
 	}
 	r.cancel(t, id)
 	r.publish(t, id, domain.TypeRefundRequested, 0)
-	var dls []settle.DeadLetter
-	testenv.Eventually(t, 30*time.Second, "the refund dead-lettered", func() bool {
-		var err error
-		if dls, err = settle.ListDeadLetters(context.Background(), r.db, false); err != nil {
-			t.Fatal(err)
-		}
-		return len(dls) == 1
-	})
+	dls := r.waitDeadLetters(t, 30*time.Second, "the refund dead-lettered")
 	if err := r.psp.SetFaults(fakepsp.Faults{}); err != nil {
 		t.Fatal(err)
 	}
@@ -1092,14 +1092,7 @@ func TestTransientFailuresAreDeadLetteredAtMaxDeliver(t *testing.T) {
 			id := r.order(t)
 			r.pay(t, id, domain.DefaultPaymentMethod)
 			r.publish(t, id, domain.TypePaymentRequested, 0)
-			var dls []settle.DeadLetter
-			testenv.Eventually(t, 15*time.Second, "a dead letter", func() bool {
-				var err error
-				if dls, err = settle.ListDeadLetters(context.Background(), r.db, false); err != nil {
-					t.Fatal(err)
-				}
-				return len(dls) == 1
-			})
+			dls := r.waitDeadLetters(t, 15*time.Second, "a dead letter")
 			want := fmt.Sprintf("still failing after %d failed deliveries", maxDeliver)
 			if d := dls[0]; d.Consumer != settle.ChargeConsumer || d.Status != "open" || int(d.Deliveries) != maxDeliver || !strings.Contains(d.Error, want) {
 				t.Fatalf("dead letter %+v: want the charge consumer's, open, after %d failed deliveries (%q)", d, maxDeliver, want)

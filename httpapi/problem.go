@@ -19,8 +19,6 @@ import (
 // ProblemBase prefixes every problem type; the README lists them all.
 const ProblemBase = "https://orders.acme.example/problems/"
 
-const problemBase = ProblemBase
-
 // Problem is an RFC 9457 problem detail. Type is a stable URI per kind of
 // error, so clients branch on it, not on the prose.
 type Problem struct {
@@ -49,7 +47,7 @@ type Problem struct {
 }
 
 func problem(status int, kind, title, detail string) *Problem {
-	return &Problem{Type: problemBase + kind, Title: title, Status: status, Detail: detail}
+	return &Problem{Type: ProblemBase + kind, Title: title, Status: status, Detail: detail}
 }
 
 // problemFor maps an error to its problem: one table for every handler.
@@ -157,7 +155,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, logger *slog.Logger, p
 	if p.Status >= 500 {
 		if why := gone(r, cause); why != "" {
 			logger.WarnContext(r.Context(), why, "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)
-			p.Type, p.Title, p.Status = problemBase+"client-closed-request", "Client closed request", StatusClientClosedRequest
+			p.Type, p.Title, p.Status = ProblemBase+"client-closed-request", "Client closed request", StatusClientClosedRequest
 			p.Detail = "The request ended before its answer: its client closed the connection, or the connection was closed under it."
 		} else {
 			logger.ErrorContext(r.Context(), "request failed", "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)

@@ -86,20 +86,22 @@ var ErrInFlight = errors.New("a request with this idempotency key is still in fl
 
 // ErrKeyQuotaExceeded is matched (errors.Is) by the *KeyQuotaError that Do
 // returns when the request would store a new key and its tenant already has
-// as many keys stored as IdempotencyConfig.KeyQuota allows. Nothing was
-// executed or stored; a retry of a key that is stored still replays.
+// as many keys, or as many bytes of keys, stored as IdempotencyConfig's
+// KeyQuota or KeyQuotaBytes allows. Nothing was executed or stored; a retry
+// of a key that is stored still replays.
 var ErrKeyQuotaExceeded = errors.New("idempotency key quota exceeded")
 
 // KeyQuotaError is the error Do returns past a tenant's key quota.
 type KeyQuotaError struct {
-	Quota int
+	Quota      int   // keys a tenant may have stored
+	QuotaBytes int64 // bytes of keys a tenant may have stored (storedBytes)
 	// RetryAfter is when this process counts the tenant's keys again: the
 	// earliest moment expired and deleted keys can make room.
 	RetryAfter time.Duration
 }
 
 func (e *KeyQuotaError) Error() string {
-	return fmt.Sprintf("%v: the tenant has %d keys stored", ErrKeyQuotaExceeded, e.Quota)
+	return fmt.Sprintf("%v: the tenant has %d keys or %d bytes of keys stored", ErrKeyQuotaExceeded, e.Quota, e.QuotaBytes)
 }
 
 // Is makes errors.Is(err, ErrKeyQuotaExceeded) hold.
@@ -137,8 +139,8 @@ type Preclaim struct {
 	// the number of rows the command wrote (more than 0 if it claimed the
 	// key). Writes that meet a conflict of their own must raise (a unique
 	// violation, say), never skip: the statement commits as it ends, and a
-	// key row must never commit without them. Its parameters $1 to $10 are
-	// the key's, as KeyInsertCTE names them; Args returns $11 on, given the
+	// key row must never commit without them. Its parameters $1 to $11 are
+	// the key's, as KeyInsertCTE names them; Args returns $12 on, given the
 	// context of the command's span (so that trace context it writes names
 	// the command).
 	SQL  string
@@ -192,6 +194,11 @@ const (
 	// about 11 new keys per second, sustained over DefaultKeyTTL (≈ 700 MB
 	// of key rows at the ≈ 700 bytes a create's key takes).
 	DefaultKeyQuota = 1_000_000
+	// DefaultKeyQuotaBytes is how many bytes of keys (storedBytes: request
+	// and response) one tenant may have stored at once: DefaultKeyQuota
+	// keys of about 1 KiB. Without it a tenant whose every key stores a
+	// 100-item order (≈ 19 KB) could store 19 GB.
+	DefaultKeyQuotaBytes = 1 << 30
 	// DefaultKeyQuotaRefresh is how often a process recounts a tenant's
 	// stored keys (to see keys other replicas stored and keys that expired).
 	DefaultKeyQuotaRefresh = 10 * time.Second
@@ -207,6 +214,11 @@ type IdempotencyConfig struct {
 	// more gets ErrKeyQuotaExceeded; a retry of a stored key still replays.
 	// Default DefaultKeyQuota.
 	KeyQuota int
+	// KeyQuotaBytes is how many bytes of keys one tenant may have stored:
+	// what each key's row keeps of its request and response. A request
+	// that would store a key past it gets ErrKeyQuotaExceeded, as past
+	// KeyQuota. Default DefaultKeyQuotaBytes.
+	KeyQuotaBytes int64
 	// KeyQuotaRefresh is how often each process recounts a tenant's stored
 	// keys; between counts it adds the keys it stored itself, so other
 	// replicas can overshoot the quota by what they store in one interval.
@@ -233,6 +245,9 @@ func (c *IdempotencyConfig) validate() error {
 	if c.KeyQuota == 0 {
 		c.KeyQuota = DefaultKeyQuota
 	}
+	if c.KeyQuotaBytes == 0 {
+		c.KeyQuotaBytes = DefaultKeyQuotaBytes
+	}
 	if c.KeyQuotaRefresh == 0 {
 		c.KeyQuotaRefresh = DefaultKeyQuotaRefresh
 	}
@@ -241,6 +256,8 @@ func (c *IdempotencyConfig) validate() error {
 		return fmt.Errorf("idempotency config: TTL must be at least 1s, got %s", c.TTL)
 	case c.KeyQuota < 1:
 		return fmt.Errorf("idempotency config: KeyQuota must be at least 1, got %d", c.KeyQuota)
+	case c.KeyQuotaBytes < 1:
+		return fmt.Errorf("idempotency config: KeyQuotaBytes must be at least 1, got %d", c.KeyQuotaBytes)
 	case c.KeyQuotaRefresh < 10*time.Millisecond:
 		return fmt.Errorf("idempotency config: KeyQuotaRefresh must be at least 10ms, got %s", c.KeyQuotaRefresh)
 	}
@@ -253,7 +270,7 @@ func NewIdempotency(db postgres.DB, cfg IdempotencyConfig) (*Idempotency, error)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Idempotency{db: db, ttl: cfg.TTL, quota: newKeyQuota(db, cfg.KeyQuota, cfg.KeyQuotaRefresh), waitSeconds: cfg.WaitSeconds,
+	return &Idempotency{db: db, ttl: cfg.TTL, quota: newKeyQuota(db, cfg.KeyQuota, cfg.KeyQuotaBytes, cfg.KeyQuotaRefresh), waitSeconds: cfg.WaitSeconds,
 		afterCommit: cfg.AfterCommit}, nil
 }
 
@@ -296,9 +313,9 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 		return Result{}, err
 	}
 	// Deferred, so that a panicking executor gives its reservation back too.
-	keyStored := false
+	keyStored, keyBytes := false, int64(0)
 	if reserved {
-		defer func() { s.quota.end(req.TenantID, keyStored) }()
+		defer func() { s.quota.end(req.TenantID, keyStored, keyBytes) }()
 	}
 
 	var res Result
@@ -334,6 +351,9 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 	}
 	tracing.Fail(span, err)
 	keyStored = outcome&outcomeCreated != 0 && err == nil
+	if keyStored {
+		keyBytes = storedBytes(canonical, res.Response)
+	}
 	if keyStored && s.afterCommit != nil {
 		s.afterCommit()
 	}
@@ -356,7 +376,7 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canonical []byte, wait time.Duration, pre Preclaim, res *Result, outcome *outcomes) (done bool, err error) {
 	r := pre.Response
 	args := append([]any{req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds(),
-		r.Status, r.Header, r.Body}, pre.Args(ctx)...)
+		r.Status, r.Header, r.Body, storedBytes(canonical, r)}, pre.Args(ctx)...)
 	var expiresAt *time.Time
 	var keyTook *float64
 	var rows int64
@@ -427,7 +447,7 @@ func (s *Idempotency) inTx(ctx context.Context, req KeyedRequest, fp, canonical 
 					return s.replay(k, req, fp, canonical, res, outcome)
 				}
 				if found {
-					return &KeyQuotaError{Quota: int(s.quota.limit), RetryAfter: s.quota.retryAfter()}
+					return s.quota.refusal()
 				}
 				// Not committed: it may be in flight. The claim below waits
 				// for it like any duplicate; if it claims, the key is new
@@ -447,7 +467,7 @@ func (s *Idempotency) inTx(ctx context.Context, req KeyedRequest, fp, canonical 
 			case err != nil:
 				return fmt.Errorf("claim idempotency key: %w", err)
 			case claimed && !reserved:
-				return &KeyQuotaError{Quota: int(s.quota.limit), RetryAfter: s.quota.retryAfter()}
+				return s.quota.refusal()
 			case claimed:
 				resp, err := exec(ctx, tx)
 				if err != nil {
@@ -462,7 +482,8 @@ func (s *Idempotency) inTx(ctx context.Context, req KeyedRequest, fp, canonical 
 					*res = Result{Response: resp}
 					return errUnstored
 				}
-				if _, err := tx.Exec(ctx, KeyComplete, req.TenantID, req.Scope, req.Key, resp.Status, resp.Header, resp.Body); err != nil {
+				if _, err := tx.Exec(ctx, KeyComplete, req.TenantID, req.Scope, req.Key, resp.Status, resp.Header, resp.Body,
+					storedBytes(canonical, resp)); err != nil {
 					return fmt.Errorf("store response: %w", err)
 				}
 				*res = Result{Response: resp, ExpiresAt: expiresAt}
@@ -637,7 +658,8 @@ func (s *Idempotency) DeleteExpired(ctx context.Context, batch int) (int64, erro
 func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp, canonical []byte, wait time.Duration) (claimed bool, expiresAt time.Time, took time.Duration, err error) {
 	b := &pgx.Batch{}
 	b.Queue(KeyLockTimeout, lockTimeout(wait))
-	b.Queue(KeyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds()).
+	b.Queue(KeyInsert, req.TenantID, req.Scope, req.Key, fp, FingerprintVersion, canonical, s.ttl.Seconds(),
+		storedBytes(canonical, Response{})).
 		QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&expiresAt)
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -676,29 +698,31 @@ const (
 	// lock_timeout) and then inserts (that transaction rolled back) or returns
 	// no row (it committed).
 	KeyInsert = `
-INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at, stored_bytes)
+VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8)
 ON CONFLICT (tenant_id, key) DO NOTHING
 RETURNING expires_at`
 
 	// KeyInsertCTE claims the key as KeyInsert does, with the response
-	// already in the row ($8 status, $9 headers, $10 body): the first CTE
+	// already in the row ($8 status, $9 headers, $10 body, $11 the row's
+	// stored bytes, storedBytes): the first CTE
 	// (k) of a Preclaim's statement, whose writes go on only if it returns
 	// a row. took is the seconds from the statement's start to the key's row
 	// inserted (the other CTEs read k before they write): the wait for a
 	// request in flight with the key, if any.
 	KeyInsertCTE = `k AS (
     INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at,
-                                  status_code, response_headers, response_body)
-    VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10)
+                                  status_code, response_headers, response_body, stored_bytes)
+    VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11)
     ON CONFLICT (tenant_id, key) DO NOTHING
     RETURNING expires_at, extract(epoch FROM clock_timestamp() - statement_timestamp()) AS took
 )`
 
-	// KeyComplete stores the response of a key's execution.
+	// KeyComplete stores the response of a key's execution, and the row's
+	// stored bytes with it ($7, storedBytes).
 	KeyComplete = `
 UPDATE idempotency_keys
-SET status_code = $4, response_headers = $5, response_body = $6
+SET status_code = $4, response_headers = $5, response_body = $6, stored_bytes = $7
 WHERE tenant_id = $1 AND scope = $2 AND key = $3`
 
 	keyGet = `
@@ -754,6 +778,17 @@ func waitedForKey(err error) bool {
 // canonicalJSON is the canonical form of a validated command: its JSON
 // encoding (struct fields in declaration order, no insignificant space).
 func canonicalJSON(cmd any) ([]byte, error) { return json.Marshal(cmd) }
+
+// storedBytes is what a key's row keeps of its request and response, as the
+// key quota counts it: the canonical request, the response's header names
+// and values, and its body.
+func storedBytes(canonical []byte, resp Response) int64 {
+	n := len(canonical) + len(resp.Body)
+	for k, v := range resp.Header {
+		n += len(k) + len(v)
+	}
+	return int64(n)
+}
 
 // fingerprint is the SHA-256 of the scope and the canonical command.
 func fingerprint(scope string, canonical []byte) []byte {

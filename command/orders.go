@@ -45,15 +45,15 @@ var (
 	// KeyedOrderCreateSQL is OrderCreateSQL in the statement that claims
 	// its Idempotency-Key (a Preclaim): the key row, with the response in
 	// it, and then the order, its items and its event, written only if the
-	// key row was inserted. Parameters $1 to $10 are the key's
-	// (KeyInsertCTE), $11 to $25 OrderCreateSQL's $1 to $15. It returns the
+	// key row was inserted. Parameters $1 to $11 are the key's
+	// (KeyInsertCTE), $12 to $26 OrderCreateSQL's $1 to $15. It returns the
 	// key's expires_at and the time its insert took (NULL if another request
 	// holds the key) and the orders it wrote: 1, or 0 if it did not claim the
 	// key. If the key created an order before (its key row expired), it
 	// raises a unique violation, so that its transaction commits no key row
 	// whose response names an order that was never written.
 	KeyedOrderCreateSQL = "\nWITH " + KeyInsertCTE + ", " +
-		shiftParams(fmt.Sprintf(orderWritesSQL, "EXISTS (SELECT FROM k)", ""), 10) +
+		shiftParams(fmt.Sprintf(orderWritesSQL, "EXISTS (SELECT FROM k)", ""), 11) +
 		"\nSELECT (SELECT expires_at FROM k), (SELECT took FROM k), (SELECT count(*) FROM o)"
 )
 

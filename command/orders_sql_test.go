@@ -13,7 +13,7 @@ func TestCreateStatementsUseEachParameter(t *testing.T) {
 	for name, c := range map[string]struct {
 		sql string
 		n   int
-	}{"OrderCreateSQL": {OrderCreateSQL, 15}, "KeyedOrderCreateSQL": {KeyedOrderCreateSQL, 25}} {
+	}{"OrderCreateSQL": {OrderCreateSQL, 15}, "KeyedOrderCreateSQL": {KeyedOrderCreateSQL, 26}} {
 		var used []int
 		for _, p := range regexp.MustCompile(`\$([0-9]+)`).FindAllStringSubmatch(c.sql, -1) {
 			n, _ := strconv.Atoi(p[1])

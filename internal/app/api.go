@@ -38,7 +38,7 @@ type apiConfig struct {
 	databaseURL, natsURL, httpAddr string
 	relay                          bool
 	keyTTL, keyWait, janitorEvery  time.Duration
-	keyQuota                       int
+	keyQuota, keyQuotaBytes        int
 	healthInterval                 time.Duration
 	keyQuotaRefresh                time.Duration
 	replicas, poolSize             int
@@ -78,7 +78,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	var bodyTimeout, tokenCacheTTL *time.Duration
 	var relayRetention *time.Duration
 	var keyTTL, keyWait, janitorEvery, keyQuotaRefresh *time.Duration
-	var keyQuota *int
+	var keyQuota, keyQuotaBytes *int
 	var pprofAddr *string
 	var healthInterval *time.Duration
 	switch sub {
@@ -88,6 +88,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		relay = env.Bool(fs, "relay", "RELAY", true, "run the outbox relay in this process")
 		keyTTL = env.Duration(fs, "idempotency-ttl", "IDEMPOTENCY_TTL", command.DefaultKeyTTL, "how long an Idempotency-Key is remembered after its first use")
 		keyQuota = env.Int(fs, "idempotency-key-quota", "IDEMPOTENCY_KEY_QUOTA", command.DefaultKeyQuota, "most Idempotency-Keys one tenant may have stored; past it new keys get 429")
+		keyQuotaBytes = env.Int(fs, "idempotency-key-quota-bytes", "IDEMPOTENCY_KEY_QUOTA_BYTES", command.DefaultKeyQuotaBytes, "most bytes of Idempotency-Keys (their stored requests and responses) one tenant may have stored; past it new keys get 429")
 		keyQuotaRefresh = env.Duration(fs, "idempotency-key-quota-refresh", "IDEMPOTENCY_KEY_QUOTA_REFRESH", command.DefaultKeyQuotaRefresh, "how often each api recounts a tenant's stored keys")
 		keyWait = env.Duration(fs, "idempotency-wait", "IDEMPOTENCY_WAIT", httpapi.DefaultKeyWait, "how long a request waits for an in-flight request with its key")
 		janitorEvery = env.Duration(fs, "idempotency-janitor-interval", "IDEMPOTENCY_JANITOR_INTERVAL", DefaultJanitorInterval, "how often expired keys are deleted")
@@ -133,7 +134,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	case "":
 		c.natsURL, c.httpAddr, c.relay = *natsURL, *httpAddr, *relay
 		c.keyTTL, c.keyWait, c.janitorEvery = *keyTTL, *keyWait, *janitorEvery
-		c.keyQuota, c.keyQuotaRefresh = *keyQuota, *keyQuotaRefresh
+		c.keyQuota, c.keyQuotaBytes, c.keyQuotaRefresh = *keyQuota, *keyQuotaBytes, *keyQuotaRefresh
 		c.healthInterval = *healthInterval
 		c.replicas, c.poolSize, c.maxInFlight, c.maxConns = *replicas, *poolSize, *maxInFlight, *maxConns
 		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
@@ -297,7 +298,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	// the write transaction.
 	var wakeRelay func()
 	idem, err := command.NewIdempotency(pool, command.IdempotencyConfig{
-		TTL: cfg.keyTTL, KeyQuota: cfg.keyQuota, KeyQuotaRefresh: cfg.keyQuotaRefresh, WaitSeconds: keyWait,
+		TTL: cfg.keyTTL, KeyQuota: cfg.keyQuota, KeyQuotaBytes: int64(cfg.keyQuotaBytes), KeyQuotaRefresh: cfg.keyQuotaRefresh, WaitSeconds: keyWait,
 		AfterCommit: func() { wakeRelay() },
 	})
 	if err != nil {

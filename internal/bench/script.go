@@ -38,7 +38,7 @@ func createOrderScript() string {
 		`\startpipeline`,
 		bind(command.KeyLockTimeout, `'5000ms'`),
 		bind(command.KeyedOrderCreateSQL, tenant, scope, key, `sha256(:n::text::bytea)`, "1", request, "86400",
-			"201", `'{"Content-Type":"application/json","ETag":"\"1\""}'`, body,
+			"201", `'{"Content-Type":"application/json","ETag":"\"1\""}'`, body, "700",
 			tenant, orderID, `'c-1'`, `'pending'`, `'EUR'`, "2500", "1", key, "now()",
 			`'[{"sku":"sku-1","quantity":2,"unit_price":1250,"line_total":2500}]'`, eventID, `'order.created'`, envelope,
 			"NULL", "NULL"), // untraced, as with tracing off

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -35,6 +36,19 @@ const (
 
 // maxResponseBytes bounds a response body the client reads.
 const maxResponseBytes = 8 << 20
+
+// MaxRetryAfter is the longest Retry-After the client waits for: a longer
+// one (a misconfigured proxy, or a value past what a time.Duration holds)
+// ends the call with the answer that asked for it, not a retry.
+const MaxRetryAfter = time.Hour
+
+// retryAfterText names a Retry-After wait; "longer than a Duration holds" past what a Duration holds.
+func retryAfterText(d time.Duration) string {
+	if d == math.MaxInt64 {
+		return "longer than a Duration holds"
+	}
+	return d.String()
+}
 
 // Config holds the settings of a Client. Zero fields take the defaults.
 type Config struct {
@@ -113,9 +127,18 @@ func New(baseURL, token string, opts ...Option) (*Client, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("client: base URL %q must be http(s)://host[:port]", baseURL)
 	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.User != nil {
+		// Paths are appended to it: a query or fragment would swallow them.
+		return nil, fmt.Errorf("client: base URL %q must be http(s)://host[:port][/path], without query, fragment or user info", baseURL)
+	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	if token == "" {
 		return nil, errors.New("client: token is empty")
+	}
+	if !visibleASCII(token) {
+		// net/http refuses to send such a header: every attempt would fail
+		// before reaching the server.
+		return nil, errors.New("client: token must be printable ASCII without spaces (a token read from a file: trim its newline)")
 	}
 	var cfg Config
 	for _, o := range opts {
@@ -221,6 +244,11 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 		payload = b
 	}
 	if r.keyed {
+		if k := cc.key; k != "" && (len(k) > 255 || !printableASCII(k)) {
+			// Nothing was sent, and sending would never work: settled.
+			meta.Definitive = true
+			return fmt.Errorf("%s: Idempotency-Key %q must be 1 to 255 printable ASCII characters", what, k)
+		}
 		meta.IdempotencyKey = cc.key
 		if meta.IdempotencyKey == "" {
 			id, err := uuid.NewV7()
@@ -273,6 +301,9 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 				return last
 			}
 			wait = p.RetryAfter
+			if wait > MaxRetryAfter {
+				return fmt.Errorf("%s: the server asks to retry after %s, longer than the client waits (%s): %w", what, retryAfterText(wait), MaxRetryAfter, last)
+			}
 		}
 		if attempt >= c.cfg.MaxAttempts {
 			return fmt.Errorf("gave up after %d attempts: %w", attempt, last)
@@ -306,6 +337,30 @@ func retryable(p *Problem) bool {
 	}
 	return false
 }
+
+// wireKey is the Idempotency-Key header that carries key exactly: an RFC
+// 8941 quoted string when the plain form would not (a comma reads as a
+// list, spaces at either end are trimmed, a leading quote starts a quoted
+// string); the server reads both forms as the same key.
+func wireKey(key string) string {
+	if !strings.Contains(key, ",") && !strings.HasPrefix(key, `"`) && strings.TrimSpace(key) == key {
+		return key
+	}
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+}
+
+// printableASCII reports whether s is printable ASCII (space included).
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// visibleASCII reports whether s is printable ASCII without spaces.
+func visibleASCII(s string) bool { return printableASCII(s) && !strings.Contains(s, " ") }
 
 // errNewRequest marks a request that could not be built: never retried.
 var errNewRequest = errors.New("new request")
@@ -355,7 +410,7 @@ func (c *Client) send(ctx context.Context, method, u string, payload []byte, r r
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Idempotency-Key", wireKey(key))
 	}
 	if cc.waitSet {
 		req.Header.Set("Prefer", "wait="+strconv.Itoa(int(max(0, cc.wait.Round(time.Second)/time.Second))))

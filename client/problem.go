@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -124,6 +125,9 @@ func retryAfter(v string) time.Duration {
 		return 0
 	}
 	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n >= 0 {
+		if n > math.MaxInt64/int(time.Second) { // past 292 years: wait "forever", never wrap to a short or negative wait
+			return math.MaxInt64
+		}
 		return time.Duration(n) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil {

@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,5 +287,90 @@ func TestMetaTellsDefinitiveFromGaveUp(t *testing.T) {
 	_, err = c503.CreateOrder(short, newOrder("c-1"), client.WithMeta(&meta))
 	if !errors.Is(err, context.DeadlineExceeded) || meta.Definitive || meta.Status != http.StatusServiceUnavailable {
 		t.Fatalf("past the deadline: %v, meta %+v; want not definitive", err, meta)
+	}
+}
+
+// A Retry-After longer than MaxRetryAfter, up to one whose seconds overflow
+// a time.Duration, ends the call with that answer: it used to wrap into a
+// short or negative wait (18446744074 s became 0.29 s) and the client
+// retried at once.
+func TestARetryAfterPastTheClientsLimitEndsTheCall(t *testing.T) {
+	t.Parallel()
+	for _, ra := range []string{"18446744074", "9223372037", "9223372036854775807", "3601"} {
+		t.Run(ra, func(t *testing.T) {
+			var hits atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				hits.Add(1)
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.Header().Set("Retry-After", ra)
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte(`{"type":"about:blank","title":"busy","status":503}`))
+			}))
+			defer srv.Close()
+			c, err := client.New(srv.URL, "tok", client.WithBackoff(time.Millisecond, 5*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = c.GetOrder(context.Background(), uuid.Must(uuid.NewV7()).String())
+			if n := hits.Load(); n != 1 || client.AsProblem(err) == nil || client.AsProblem(err).Status != http.StatusServiceUnavailable {
+				t.Fatalf("Retry-After: %s: %d attempts, err %v; want one attempt and its 503", ra, n, err)
+			}
+		})
+	}
+}
+
+// What net/http would refuse to send (a token with its file's newline, a
+// key with CR LF) and a base URL whose query or fragment would swallow
+// every path are refused before any attempt: they used to be attempted 8
+// times, over 6 s, with an outcome reported unknown; or sent to "/".
+func TestARequestThatCouldNeverBeSentIsRefusedBeforeAnyAttempt(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer srv.Close()
+	for _, bad := range []struct{ base, token string }{
+		{srv.URL, "ord_token-read-from-a-file\n"}, {srv.URL, "ord with space"},
+		{srv.URL + "/?tenant=x", "ord_x"}, {srv.URL + "#frag", "ord_x"}, {"http://u:p@" + srv.Listener.Addr().String(), "ord_x"},
+	} {
+		if _, err := client.New(bad.base, bad.token); err == nil {
+			t.Errorf("New(%q, %q) accepted", bad.base, bad.token)
+		}
+	}
+	c, err := client.New(srv.URL, "ord_x", client.WithBackoff(time.Millisecond, 5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"ship-1\r\n", "é", strings.Repeat("k", 256)} {
+		var meta client.Meta
+		_, err := c.ShipOrder(context.Background(), uuid.Must(uuid.NewV7()).String(), client.WithIdempotencyKey(key), client.WithMeta(&meta))
+		if err == nil || meta.Attempts != 0 || !meta.Definitive || hits.Load() != 0 {
+			t.Errorf("key %q: err %v, meta %+v, %d requests; want an error, no attempt, definitive", key, err, meta, hits.Load())
+		}
+	}
+}
+
+// A key with a comma, spaces at either end, a leading quote or a backslash
+// is stored exactly as given (sent as a quoted string): a retry replays,
+// and the lookup by the key the call reports finds it. A comma used to be
+// refused with 400, and the others were stored as another key, which the
+// lookup did not find.
+func TestAKeyIsStoredExactlyAsGiven(t *testing.T) {
+	t.Parallel()
+	_, direct := stack()
+	c, _ := newClient(t, direct)
+	ctx := context.Background()
+	for _, key := range []string{"invoice-17,attempt-1", " padded-key ", `"quoted"`, `back\slash "and" quote`, "plain-key"} {
+		var meta client.Meta
+		o, err := c.CreateOrder(ctx, newOrder("c-1"), client.WithIdempotencyKey(key), client.WithMeta(&meta))
+		if err != nil || meta.IdempotencyKey != key {
+			t.Fatalf("key %q: %v, meta key %q", key, err, meta.IdempotencyKey)
+		}
+		again, err := c.CreateOrder(ctx, newOrder("c-1"), client.WithIdempotencyKey(key), client.WithMeta(&meta))
+		if err != nil || !meta.Replayed || again.ID != o.ID {
+			t.Fatalf("key %q again: %v, replayed %v, order %s then %s", key, err, meta.Replayed, o.ID, again.ID)
+		}
+		if info, err := c.IdempotencyKey(ctx, key); err != nil || info.Key != key {
+			t.Fatalf("key %q: lookup %+v, %v", key, info, err)
+		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/health"
 	"github.com/acme/orders/metrics"
+	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/query"
 )
 
@@ -199,7 +200,10 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			writeProblem(w, r, s.Logger, problemFor(err), err)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey, tenant)))
+		// The tenant's statements count against its share of the
+		// database's connections (postgres.Shares).
+		ctx := postgres.ForTenant(context.WithValue(r.Context(), tenantKey, tenant), tenant)
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 

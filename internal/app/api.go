@@ -42,6 +42,7 @@ type apiConfig struct {
 	healthInterval                 time.Duration
 	keyQuotaRefresh                time.Duration
 	replicas, poolSize             int
+	tenantDBShare                  int
 	maxInFlight                    int
 	maxConns                       int
 	tenantLimits                   httpapi.TenantLimitConfig
@@ -74,7 +75,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	var expires *time.Duration
 	var relay, acceptLegacy *bool
 	var replicas, poolSize, maxInFlight, maxConns, relayPartitions, relayWorkers, relayBatch, relayMinAtomic *int
-	var tenantInFlight, tenantWaiting, tenantRate, tenantBurst *int
+	var tenantInFlight, tenantWaiting, tenantRate, tenantBurst, tenantDBShare *int
 	var bodyTimeout, tokenCacheTTL *time.Duration
 	var relayRetention *time.Duration
 	var keyTTL, keyWait, janitorEvery, keyQuotaRefresh *time.Duration
@@ -98,6 +99,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		maxConns = env.Int(fs, "max-conns", "MAX_CONNS", DefaultAPIMaxConns, "most client connections open at once; past it the longest-idle one is closed, or a new one waits in the kernel's accept queue")
 		maxInFlight = env.Int(fs, "max-in-flight", "MAX_IN_FLIGHT", httpapi.DefaultMaxInFlight, "most /v1 requests served at once; the rest get 429 with Retry-After")
 		tenantInFlight = env.Int(fs, "tenant-max-in-flight", "TENANT_MAX_IN_FLIGHT", httpapi.DefaultTenantMaxInFlight, "most /v1 requests of one tenant served at once; its excess gets 429 tenant-overloaded")
+		tenantDBShare = env.Int(fs, "tenant-db-share", "TENANT_DB_SHARE", 0, "most of this api's PostgreSQL connections one tenant's requests hold at once, its other requests waiting for them (0: three quarters of -db-pool-size)")
 		tenantWaiting = env.Int(fs, "tenant-max-waiting", "TENANT_MAX_WAITING", httpapi.DefaultTenantMaxWaiting, "most reads with min_version or min_position of one tenant in flight at once (at most -tenant-max-in-flight)")
 		tenantRate = env.Int(fs, "tenant-rate", "TENANT_RATE", int(httpapi.DefaultTenantRate), "requests per second of one tenant (token bucket); its excess gets 429 tenant-rate-limited")
 		tenantBurst = env.Int(fs, "tenant-burst", "TENANT_BURST", httpapi.DefaultTenantBurst, "token bucket size of -tenant-rate")
@@ -144,6 +146,10 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			MaxInFlight: *tenantInFlight, MaxWaiting: *tenantWaiting, Rate: float64(*tenantRate), Burst: *tenantBurst,
 		}
 		c.bodyTimeout, c.tokenCacheTTL, c.acceptLegacyTokens = *bodyTimeout, *tokenCacheTTL, *acceptLegacy
+		c.tenantDBShare = *tenantDBShare
+		if c.tenantDBShare == 0 {
+			c.tenantDBShare = max(1, c.poolSize*3/4)
+		}
 		switch {
 		case c.keyTTL < time.Second:
 			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
@@ -153,6 +159,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-stream-replicas must be 1 to %d, got %d", stream.MaxReplicas, c.replicas)
 		case c.poolSize < 4:
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
+		case c.tenantDBShare < 1 || c.tenantDBShare > c.poolSize:
+			return c, fmt.Errorf("-tenant-db-share must be 1 to -db-pool-size (%d), got %d", c.poolSize, c.tenantDBShare)
 		case c.maxInFlight < 1:
 			return c, fmt.Errorf("-max-in-flight must be at least 1, got %d", c.maxInFlight)
 		case c.maxConns > MaxAPIConns:
@@ -297,7 +305,14 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	// standalone relays by a coalesced NOTIFY outbox, never a NOTIFY inside
 	// the write transaction.
 	var wakeRelay func()
-	idem, err := command.NewIdempotency(pool, command.IdempotencyConfig{
+	// A tenant's requests hold at most their share of the pool's
+	// connections (G9); the relay, health checks and token look-ups are
+	// not a tenant's, and use the pool as it is.
+	shares, err := postgres.NewShares(pool, cfg.tenantDBShare)
+	if err != nil {
+		return err
+	}
+	idem, err := command.NewIdempotency(shares, command.IdempotencyConfig{
 		TTL: cfg.keyTTL, KeyQuota: cfg.keyQuota, KeyQuotaBytes: int64(cfg.keyQuotaBytes), KeyQuotaRefresh: cfg.keyQuotaRefresh, WaitSeconds: keyWait,
 		AfterCommit: func() { wakeRelay() },
 	})
@@ -425,10 +440,10 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		ShipOrder:          command.NewShipOrderHandler(),
 		CancelOrder:        command.NewCancelOrderHandler(),
 		UpdateOrder:        command.NewUpdateOrderHandler(),
-		GetOrder:           query.NewGetOrderHandler(pool, changes),
-		ListOrders:         query.NewListOrdersHandler(pool),
-		GetCustomerSummary: query.NewGetCustomerSummaryHandler(pool, changes),
-		GetDailySales:      query.NewGetDailySalesHandler(pool),
+		GetOrder:           query.NewGetOrderHandler(shares, changes),
+		ListOrders:         query.NewListOrdersHandler(shares),
+		GetCustomerSummary: query.NewGetCustomerSummaryHandler(shares, changes),
+		GetDailySales:      query.NewGetDailySalesHandler(shares),
 		KeyWait:            cfg.keyWait,
 		Health:             monitor,
 		Metrics:            metrics.Handler(reg),

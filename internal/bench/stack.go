@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/acme/orders/internal/app"
 	"github.com/acme/orders/internal/harness"
 )
 
@@ -134,9 +136,15 @@ func (s *stack) startProcess(bin string, env ...string) (*exec.Cmd, error) {
 // for an api without its relay).
 func (s *stack) startAPI(env ...string) (err error) {
 	// One tenant drives the whole api: its per-tenant limits step aside
-	// (the rate effectively off, in flight one below the global limit).
+	// (the rate effectively off, in flight one below the global limit, the
+	// whole pool its share).
+	pool := os.Getenv("DB_POOL_SIZE")
+	if pool == "" {
+		pool = strconv.Itoa(app.DefaultAPIPoolSize)
+	}
 	s.api, err = s.startProcess("api", append([]string{fmt.Sprintf("HTTP_ADDR=127.0.0.1:%d", s.apiPort),
-		"TENANT_RATE=1000000", "TENANT_BURST=1000000", "TENANT_MAX_IN_FLIGHT=511", "TENANT_MAX_WAITING=511"}, env...)...)
+		"TENANT_RATE=1000000", "TENANT_BURST=1000000", "TENANT_MAX_IN_FLIGHT=511", "TENANT_MAX_WAITING=511",
+		"TENANT_DB_SHARE=" + pool}, env...)...)
 	return err
 }
 

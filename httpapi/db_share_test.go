@@ -1,0 +1,167 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/auth"
+	"github.com/acme/orders/command"
+	"github.com/acme/orders/httpapi"
+	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/postgres"
+	"github.com/acme/orders/query"
+)
+
+// One tenant whose requests each hold a connection for long (here: cancels
+// of one order whose row another transaction keeps locked; in the field,
+// a list that walks a large history) holds at most its share of the
+// api's pool (G9): another tenant's read gets a connection at once. Before
+// the share, tenant t1 within its in-flight limit held all 8 connections
+// and t2's read waited for the lock to go.
+func TestATenantHoldsAtMostItsShareOfTheDatabasesConnections(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.DatabaseURL(t)
+	const poolSize, share = 8, 6
+	pool, err := postgres.Open(ctx, url, poolSize, 10*time.Second, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	shares, err := postgres.NewShares(pool, share)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem, err := command.NewIdempotency(shares, command.IdempotencyConfig{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clients := auth.NewClients(pool, 0)
+	srv := httptest.NewServer(httpapi.New(httpapi.Deps{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Auth: clients,
+		Idempotency: idem, Keys: idem,
+		CreateOrder: command.NewCreateOrderHandler(), CancelOrder: command.NewCancelOrderHandler(),
+		GetOrder: query.NewGetOrderHandler(shares, nil),
+	}))
+	t.Cleanup(srv.Close)
+	tokens := map[string]string{}
+	for _, tenant := range []string{"t1", "t2"} {
+		if tokens[tenant], err = clients.CreateToken(ctx, tenant, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send := func(ctx context.Context, tenant, method, path, key, body string) (int, error) {
+		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+tokens[tenant])
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer res.Body.Close()
+		_, _ = io.Copy(io.Discard, res.Body)
+		return res.StatusCode, nil
+	}
+	var order struct{ ID string }
+	{
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/orders", strings.NewReader(validBody))
+		req.Header.Set("Authorization", "Bearer "+tokens["t1"])
+		req.Header.Set("Idempotency-Key", "create")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = json.NewDecoder(res.Body).Decode(&order)
+		res.Body.Close()
+		if res.StatusCode != http.StatusCreated {
+			t.Fatalf("create: %d", res.StatusCode)
+		}
+	}
+
+	// Another transaction, on a connection of its own, keeps t1's order
+	// locked: each cancel of it waits for the lock, holding its connection.
+	own, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close(ctx)
+	lock, err := own.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(ctx)
+	if _, err := lock.Exec(ctx, `SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, order.ID); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	statuses := make(chan int, 12)
+	for i := range 12 {
+		wg.Go(func() {
+			code, err := send(ctx, "t1", http.MethodPost, "/v1/orders/"+order.ID+"/cancel", "cancel-"+strconv.Itoa(i), `{"reason":"test"}`)
+			if err != nil {
+				t.Error(err)
+			}
+			statuses <- code
+		})
+	}
+	// Wait until t1's cancels hold all the connections they can.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting >= share {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of t1's cancels wait for the lock after 10 s", waiting)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // let any more of them take a connection, if they could
+	if held := shares.Held("t1"); held != share {
+		t.Errorf("t1 holds %d connections, want its share of %d", held, share)
+	}
+
+	readCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	code, err := send(readCtx, "t2", http.MethodGet, "/v1/orders/"+uuid.Must(uuid.NewV7()).String(), "", "")
+	if err != nil || code != http.StatusNotFound {
+		t.Errorf("t2's read while t1's cancels wait: %d, %v after %s; want its 404 at once", code, err, time.Since(start).Round(time.Millisecond))
+	}
+
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(statuses)
+	for code := range statuses {
+		if code != http.StatusOK {
+			t.Errorf("a cancel of t1 after the lock went: %d, want 200", code)
+		}
+	}
+	if held := shares.Held("t1"); held != 0 {
+		t.Errorf("t1 still holds %d connections after its requests ended", held)
+	}
+}

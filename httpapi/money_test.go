@@ -153,4 +153,12 @@ VALUES ('t1', '2026-11-21', 'EUR', 6002, $1::numeric, $2::numeric)`} {
 	if !strings.Contains(string(res.body), want) {
 		t.Fatalf("daily sales body %s, want it to hold %s", res.body, want)
 	}
+
+	// to alone: from defaults to 29 days before it (it was 29 days before
+	// today, so a past to was refused as "before from").
+	res = a.do(t, http.MethodGet, "/v1/reports/daily-sales?to=2026-11-30", nil, "")
+	if res.status != http.StatusOK || !strings.Contains(string(res.body), `"from":"2026-11-01","to":"2026-11-30"`) ||
+		!strings.Contains(string(res.body), want) {
+		t.Fatalf("daily sales to 2026-11-30: status %d, body %s; want from 2026-11-01, with the 21st", res.status, res.body)
+	}
 }

@@ -96,17 +96,25 @@ const dayLayout = "2006-01-02"
 // Both dates are inclusive; the default is the last 30 days.
 func (s *Server) dailySales(w http.ResponseWriter, r *http.Request) {
 	params := r.URL.Query()
-	to := query.Today()
-	from := to.AddDate(0, 0, -29)
-	for name, dst := range map[string]*time.Time{"from": &from, "to": &to} {
-		if v := params.Get(name); v != "" {
-			d, err := time.Parse(dayLayout, v)
-			if err != nil {
-				writeProblem(w, r, s.Logger, invalidParam(name, "must be a date such as 2026-11-21"), nil)
-				return
-			}
-			*dst = d
+	day := func(name string, def time.Time) (time.Time, bool) {
+		v := params.Get(name)
+		if v == "" {
+			return def, true
 		}
+		d, err := time.Parse(dayLayout, v)
+		if err != nil {
+			writeProblem(w, r, s.Logger, invalidParam(name, "must be a date such as 2026-11-21"), nil)
+			return time.Time{}, false
+		}
+		return d, true
+	}
+	to, ok := day("to", query.Today())
+	if !ok {
+		return
+	}
+	from, ok := day("from", to.AddDate(0, 0, -29)) // 30 days up to to
+	if !ok {
+		return
 	}
 	currency := params.Get("currency")
 	if currency != "" && !domain.ValidCurrency(currency) {

@@ -12,12 +12,15 @@ TEST_PG_DIR  ?= .local/test
 TEST_PG_PORT ?= 54349
 TEST_DB_URL  := postgres://postgres@127.0.0.1:$(TEST_PG_PORT)/postgres?sslmode=disable
 
-# PostgreSQL of `make run` (reused by `make migrate` when DATABASE_URL is unset).
-RUN_PG_DIR  := .local/run
-RUN_PG_PORT := 54329
+# PostgreSQL of `make run` (reused by `make migrate` when DATABASE_URL is
+# unset); STACK_DIR and PG_PORT name a second stack's, as they do for `make run`.
+RUN_PG_DIR  := $(or $(STACK_DIR),.local/run)
+RUN_PG_PORT := $(or $(PG_PORT),54329)
 
-# Where `make http` sends api.http (the address of `make run`).
-BASE_URL ?= http://localhost:8080
+# Where `make http` sends api.http (the address of `make run`, or of the
+# stack STACK_DIR and API_PORT name), with the dev token that stack wrote.
+BASE_URL   ?= http://localhost:$(or $(API_PORT),8080)
+TOKEN_FILE ?= $(RUN_PG_DIR)/dev-token
 HTTPYAC  := npx --yes httpyac@6
 
 # $(call with_test_pg,COMMAND): start a fresh test PostgreSQL, run COMMAND with
@@ -38,7 +41,7 @@ help: ## Show this help
 	@grep -hE '^[a-zA-Z0-9_/-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
-run: ## Run PostgreSQL, NATS, api (:8080) and projector (:8081) in the foreground; Ctrl-C stops all
+run: ## Run PostgreSQL, NATS, api (:8080), projector (:8081), payment worker (:8082) and fakepsp (:12111) in the foreground; Ctrl-C stops all
 	@scripts/stack.sh run
 
 # Fuzz targets and how long `make test` runs each (FUZZTIME=5m make fuzz for longer).
@@ -62,11 +65,14 @@ test/race: ## Like test, with the race detector (without the noisy-neighbour tes
 e2e: ## Start a fresh stack in .local/e2e and run api.http against it with httpyac
 	@scripts/stack.sh e2e
 
-http: ## Send api.http to a running `make run` (override: make http BASE_URL=http://host:port)
+http: ## Send api.http to a running `make run` (another stack: the same STACK_DIR and API_PORT as its make run)
 	@if ! curl -s -o /dev/null -m 5 '$(BASE_URL)/readyz'; then \
 		echo 'nothing answers on $(BASE_URL) — start it with `make run`' >&2; exit 1; \
 	fi
-	@$(HTTPYAC) send api.http --all --var baseUrl=$(BASE_URL)
+	@if [ ! -s '$(TOKEN_FILE)' ]; then \
+		echo 'no dev token in $(TOKEN_FILE) — the stack on $(BASE_URL) was started with another STACK_DIR, or not by `make run` (pass TOKEN_FILE=…)' >&2; exit 1; \
+	fi
+	@$(HTTPYAC) send api.http --all --var baseUrl=$(BASE_URL) --var token="$$(cat '$(TOKEN_FILE)')"
 
 migrate: ## Apply database migrations (DATABASE_URL, or the PostgreSQL of `make run`)
 	@if [ -n "$${DATABASE_URL:-}" ]; then \

@@ -293,6 +293,10 @@ wait_ready worker "$WORKER_PID" "$WORKER_PORT"
 # ---- a dev token: created on first start, kept in $STATE/dev-token ----------
 # (re-created if the database it was made for is gone, e.g. another DATABASE_URL)
 TOKEN_FILE="$STATE/dev-token"
+# How `make http` finds this stack when it is not the default one.
+HTTP_ARGS=""
+if [ -n "${STACK_DIR:-}" ]; then HTTP_ARGS+=" STACK_DIR=$STACK_DIR"; fi
+if [ "$API_PORT" != 8080 ]; then HTTP_ARGS+=" API_PORT=$API_PORT"; fi
 token_works() {
 	[ -s "$TOKEN_FILE" ] || return 1
 	local code
@@ -349,7 +353,7 @@ Your dev token (tenant 'dev', kept in $TOKEN_FILE):
 Try it:
     curl -i -X POST localhost:$API_PORT/v1/orders -H "Authorization: Bearer \$TOKEN" -H 'Idempotency-Key: demo-1' -H 'Content-Type: application/json' -d '{"customer_id":"c-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":1250}]}'
 or, in another terminal:
-    make http
+    make http$HTTP_ARGS
 
 Ctrl-C stops everything this run started.
 

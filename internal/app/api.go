@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -244,8 +245,9 @@ func runAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "api")
 	if sub == "token create" || sub == "token revoke" {
-		// The token goes to stdout alone; logs would only get in the way.
-		logger = slog.New(slog.DiscardHandler)
+		// The token goes to stdout alone; warnings (a database not
+		// reachable yet, retried for a while) go to stderr.
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	if sub == "" {
 		if process {

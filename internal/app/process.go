@@ -285,11 +285,11 @@ func closeDB(pool *pgxpool.Pool, logger *slog.Logger) {
 
 // openDB opens the pool for a process: serving waits for the database as
 // long as it takes (so a restart during an outage needs no repair), a
-// one-off command gives up after 30 s.
+// one-off command gives up after 10 s (saying so as it retries).
 func openDB(ctx context.Context, url string, poolSize int, oneOff bool, logger *slog.Logger) (*pgxpool.Pool, error) {
 	wait := time.Duration(0)
 	if oneOff {
-		wait = 30 * time.Second
+		wait = 10 * time.Second
 	}
 	pool, err := postgres.Open(ctx, url, int32(poolSize), wait, logger)
 	if err != nil {

@@ -142,6 +142,22 @@ mkdir -p "$BIN"
 PG_RUNNING=0 NATS_RUNNING=0
 if [ -z "${DATABASE_URL:-}" ] && scripts/pg.sh status "$STATE"; then PG_RUNNING=1; fi
 if [ -z "${NATS_URL:-}" ] && scripts/nats.sh status "$STATE"; then NATS_RUNNING=1; fi
+# A leftover server listens where the earlier run put it: reusing it under
+# another port would connect to nothing.
+if [ "$PG_RUNNING" = 1 ]; then
+	left=$(sed -n 4p "$STATE/data/postmaster.pid" 2>/dev/null || true)
+	if [ -n "$left" ] && [ "$left" != "$PG_PORT" ]; then
+		say "the PostgreSQL left running in $SHOWN_STATE by an earlier run listens on $left, not PG_PORT=$PG_PORT: run with PG_PORT=$left, or stop it first (scripts/pg.sh stop $SHOWN_STATE)"
+		exit 1
+	fi
+fi
+if [ "$NATS_RUNNING" = 1 ]; then
+	left=$(sed -n 's/^listen: 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$STATE/nats.conf" 2>/dev/null || true)
+	if [ -n "$left" ] && [ "$left" != "$NATS_PORT" ]; then
+		say "the NATS server left running in $SHOWN_STATE by an earlier run listens on $left, not NATS_PORT=$NATS_PORT: run with NATS_PORT=$left, or stop it first (scripts/nats.sh stop $SHOWN_STATE)"
+		exit 1
+	fi
+fi
 busy=()
 check_port() { # check_port PORT WHAT: add PORT to busy if something listens there
 	port_in_use "$1" || return 0

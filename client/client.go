@@ -191,8 +191,10 @@ type callConfig struct {
 }
 
 // WithIdempotencyKey makes a command use key (1 to 255 printable ASCII
-// characters) instead of a fresh UUIDv7: pass the key of an earlier call to
-// retry it later, e.g. after a restart. Reads ignore it.
+// characters, without a comma, a leading quote or spaces at either end;
+// another key is refused before anything is sent) instead of a fresh
+// UUIDv7: pass the key of an earlier call to retry it later, e.g. after a
+// restart. Reads ignore it.
 func WithIdempotencyKey(key string) CallOption { return func(c *callConfig) { c.key = key } }
 
 // WithWait sends "Prefer: wait=N" (whole seconds): how long a command waits
@@ -244,10 +246,11 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 		payload = b
 	}
 	if r.keyed {
-		if k := cc.key; k != "" && (len(k) > 255 || !printableASCII(k)) {
+		if k := cc.key; k != "" && !sendableKey(k) {
 			// Nothing was sent, and sending would never work: settled.
 			meta.Definitive = true
-			return fmt.Errorf("%s: Idempotency-Key %q must be 1 to 255 printable ASCII characters", what, k)
+			return fmt.Errorf("%s: Idempotency-Key %q must be 1 to 255 printable ASCII characters, without a comma, "+
+				"a leading quote or spaces at either end (the server would refuse it, or store another key)", what, k)
 		}
 		meta.IdempotencyKey = cc.key
 		if meta.IdempotencyKey == "" {
@@ -338,15 +341,15 @@ func retryable(p *Problem) bool {
 	return false
 }
 
-// wireKey is the Idempotency-Key header that carries key exactly: an RFC
-// 8941 quoted string when the plain form would not (a comma reads as a
-// list, spaces at either end are trimmed, a leading quote starts a quoted
-// string); the server reads both forms as the same key.
-func wireKey(key string) string {
-	if !strings.Contains(key, ",") && !strings.HasPrefix(key, `"`) && strings.TrimSpace(key) == key {
-		return key
-	}
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+// sendableKey reports whether key reaches the server as itself when sent as
+// a plain header value: a comma reads as a list (refused), spaces at either
+// end are trimmed and a leading quote starts a quoted string (both stored
+// as another key). Such keys are refused rather than quoted: the release
+// before sent them plain, so a key it sent and this one retried would name
+// two keys.
+func sendableKey(key string) bool {
+	return len(key) <= 255 && printableASCII(key) && !strings.Contains(key, ",") &&
+		!strings.HasPrefix(key, `"`) && strings.TrimSpace(key) == key
 }
 
 // printableASCII reports whether s is printable ASCII (space included).
@@ -410,7 +413,7 @@ func (c *Client) send(ctx context.Context, method, u string, payload []byte, r r
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if key != "" {
-		req.Header.Set("Idempotency-Key", wireKey(key))
+		req.Header.Set("Idempotency-Key", key)
 	}
 	if cc.waitSet {
 		req.Header.Set("Prefer", "wait="+strconv.Itoa(int(max(0, cc.wait.Round(time.Second)/time.Second))))

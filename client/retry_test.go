@@ -349,17 +349,17 @@ func TestARequestThatCouldNeverBeSentIsRefusedBeforeAnyAttempt(t *testing.T) {
 	}
 }
 
-// A key with a comma, spaces at either end, a leading quote or a backslash
-// is stored exactly as given (sent as a quoted string): a retry replays,
-// and the lookup by the key the call reports finds it. A comma used to be
-// refused with 400, and the others were stored as another key, which the
-// lookup did not find.
+// A key is stored exactly as given: one with inner spaces, quotes or
+// backslashes replays on a retry and is found by the key the call reports.
+// One the server would refuse (a comma) or store as another key (spaces at
+// either end, a leading quote) is refused before anything is sent: it used
+// to get a 400, or create under another key that the lookup did not find.
 func TestAKeyIsStoredExactlyAsGiven(t *testing.T) {
 	t.Parallel()
 	_, direct := stack()
-	c, _ := newClient(t, direct)
+	c, tenant := newClient(t, direct)
 	ctx := context.Background()
-	for _, key := range []string{"invoice-17,attempt-1", " padded-key ", `"quoted"`, `back\slash "and" quote`, "plain-key"} {
+	for _, key := range []string{`back\slash "and" quote`, "inner space", "plain-key", `ends-with"`} {
 		var meta client.Meta
 		o, err := c.CreateOrder(ctx, newOrder("c-1"), client.WithIdempotencyKey(key), client.WithMeta(&meta))
 		if err != nil || meta.IdempotencyKey != key {
@@ -372,5 +372,16 @@ func TestAKeyIsStoredExactlyAsGiven(t *testing.T) {
 		if info, err := c.IdempotencyKey(ctx, key); err != nil || info.Key != key {
 			t.Fatalf("key %q: lookup %+v, %v", key, info, err)
 		}
+	}
+	before := ordersOf(t, tenant)
+	for _, key := range []string{"invoice-17,attempt-1", " padded-key ", "trailing ", `"quoted"`} {
+		var meta client.Meta
+		_, err := c.CreateOrder(ctx, newOrder("c-1"), client.WithIdempotencyKey(key), client.WithMeta(&meta))
+		if err == nil || meta.Attempts != 0 || !meta.Definitive {
+			t.Fatalf("key %q: err %v, meta %+v; want it refused before any attempt", key, err, meta)
+		}
+	}
+	if n := ordersOf(t, tenant); n != before {
+		t.Fatalf("%d orders after the refused keys, want %d", n, before)
 	}
 }

@@ -5,24 +5,16 @@
 -- tenant store 27 times what it budgets. stored_bytes is what the row
 -- keeps of the request and the response, written by the api with the row;
 -- each api recounts a tenant's keys and their bytes (command/key_quota.go)
--- from the unique index, which now carries it, without reading the table.
+-- from the unique index, which carries it from 017 on.
 --
--- Expand only: a row an older api writes during a rolling deploy has NULL,
--- counted as no bytes (its key still counts). The new index is built
--- before the old one goes, so ON CONFLICT (tenant_id, key) always finds
--- its arbiter. Building it holds writes to the table for as long as the
--- build takes, as in 015.
+-- Expand only, and instant: a nullable column without a default rewrites
+-- nothing, so its lock is held for no time. Rows already stored, and rows
+-- an older api writes during a rolling deploy, have NULL, counted as no
+-- bytes (their keys still count) until they expire with their key
+-- (24 h by default); nothing is backfilled in this transaction, which
+-- would hold the table, reads included, for a rewrite of every row.
 ALTER TABLE idempotency_keys ADD COLUMN stored_bytes integer;
-
-UPDATE idempotency_keys
-SET stored_bytes = octet_length(request::text) + coalesce(octet_length(response_headers::text), 0)
-                 + coalesce(octet_length(response_body), 0);
-
-CREATE UNIQUE INDEX idempotency_keys_tenant_key_bytes ON idempotency_keys (tenant_id, key) INCLUDE (stored_bytes);
-DROP INDEX idempotency_keys_tenant_key;
 
 ---- create above / drop below ----
 
-CREATE UNIQUE INDEX idempotency_keys_tenant_key ON idempotency_keys (tenant_id, key);
-DROP INDEX idempotency_keys_tenant_key_bytes;
 ALTER TABLE idempotency_keys DROP COLUMN stored_bytes;

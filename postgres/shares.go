@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Shares is a DB that bounds the connections each tenant's requests hold at
@@ -161,14 +162,19 @@ func (s *Shares) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 // Query runs sql within its tenant's share, held until the rows are closed
 // or read to their end.
 func (s *Shares) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	// Rows are never nil, as pgxpool's are not: callers may read the error
+	// from them (rows, _ := db.Query(…); pgx.CollectRows(rows, …)).
 	release, err := s.acquire(ctx)
 	if err != nil {
-		return nil, err
+		return errRows{err}, err
 	}
 	rows, err := s.db.Query(ctx, sql, args...)
 	if err != nil {
 		release()
-		return nil, err
+		if rows == nil {
+			rows = errRows{err}
+		}
+		return rows, err
 	}
 	return &sharedRows{Rows: rows, release: release}, nil
 }
@@ -248,6 +254,20 @@ func (b *sharedBatch) Close() error {
 type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
+
+// errRows are the rows of a statement that never ran.
+type errRows struct{ err error }
+
+func (r errRows) Close()                                       {}
+func (r errRows) Err() error                                   { return r.err }
+func (r errRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (r errRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r errRows) Next() bool                                   { return false }
+func (r errRows) Scan(...any) error                            { return r.err }
+func (r errRows) Values() ([]any, error)                       { return nil, r.err }
+func (r errRows) RawValues() [][]byte                          { return nil }
+func (r errRows) Conn() *pgx.Conn                              { return nil }
+func (r errRows) TypeMap() *pgtype.Map                         { return nil }
 
 // Held reports how many of tenant's slots are held now (for tests and
 // metrics).

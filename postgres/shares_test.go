@@ -92,6 +92,22 @@ func TestSharesBoundEachTenantsStatements(t *testing.T) {
 			return nil
 		},
 	}
+	// A statement that gave up waiting for the share reads its error
+	// from its rows, as pgxpool's callers do (they were nil: a panic).
+	holder, err := shares.Begin(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gaveUp, cancelWait := context.WithTimeout(req(), 50*time.Millisecond)
+	rows, _ := shares.Query(gaveUp, `SELECT 1`)
+	if _, err := pgx.CollectRows(rows, pgx.RowTo[int32]); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("rows of a statement that gave up waiting: %v", err)
+	}
+	cancelWait()
+	if err := holder.Rollback(first); err != nil {
+		t.Fatal(err)
+	}
+
 	for name, way := range ways {
 		if err := way(req()); err != nil {
 			t.Fatalf("%s: %v", name, err)

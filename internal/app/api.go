@@ -147,10 +147,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			MaxInFlight: *tenantInFlight, MaxWaiting: *tenantWaiting, Rate: float64(*tenantRate), Burst: *tenantBurst,
 		}
 		c.bodyTimeout, c.tokenCacheTTL, c.acceptLegacyTokens = *bodyTimeout, *tokenCacheTTL, *acceptLegacy
-		c.tenantDBShare = *tenantDBShare
-		if c.tenantDBShare == 0 {
-			c.tenantDBShare = max(1, c.poolSize*3/4)
-		}
+		c.tenantDBShare = *tenantDBShare // 0: from the pool's size, once it is open
 		switch {
 		case c.keyTTL < time.Second:
 			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
@@ -160,8 +157,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-stream-replicas must be 1 to %d, got %d", stream.MaxReplicas, c.replicas)
 		case c.poolSize < 4:
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
-		case c.tenantDBShare < 1 || c.tenantDBShare > c.poolSize:
-			return c, fmt.Errorf("-tenant-db-share must be 1 to -db-pool-size (%d), got %d", c.poolSize, c.tenantDBShare)
+		case c.tenantDBShare < 0:
+			return c, fmt.Errorf("-tenant-db-share must not be negative, got %d", c.tenantDBShare)
 		case c.maxInFlight < 1:
 			return c, fmt.Errorf("-max-in-flight must be at least 1, got %d", c.maxInFlight)
 		case c.maxConns > MaxAPIConns:
@@ -310,7 +307,17 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	// A tenant's requests hold at most their share of the pool's
 	// connections (G9); the relay, health checks and token look-ups are
 	// not a tenant's, and use the pool as it is.
-	shares, err := postgres.NewShares(pool, cfg.tenantDBShare)
+	// The pool's own size: a pool_max_conns in DATABASE_URL wins over
+	// -db-pool-size.
+	poolMax := int(pool.Config().MaxConns)
+	share := cfg.tenantDBShare
+	if share == 0 {
+		share = max(1, poolMax*3/4)
+	}
+	if share > poolMax {
+		return fmt.Errorf("-tenant-db-share must be 1 to the pool's %d connections, got %d", poolMax, share)
+	}
+	shares, err := postgres.NewShares(pool, share)
 	if err != nil {
 		return err
 	}

@@ -56,12 +56,11 @@ func TestATenantHoldsAtMostItsShareOfTheDatabasesConnections(t *testing.T) {
 		GetOrder: query.NewGetOrderHandler(shares, nil),
 	}))
 	t.Cleanup(srv.Close)
-	tokens := map[string]string{}
-	for _, tenant := range []string{"t1", "t2"} {
-		if tokens[tenant], err = clients.CreateToken(ctx, tenant, "test"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// t1 and t2 call through the test's api helpers; send is for calls
+	// made off the test's goroutine or with a deadline of their own.
+	a := api{url: srv.URL, db: pool, idem: idem, clients: clients}
+	tokens := map[string]string{"t1": a.newToken(t, "t1"), "t2": a.newToken(t, "t2")}
+	a.token = tokens["t1"]
 	send := func(ctx context.Context, tenant, method, path, key, body string) (int, error) {
 		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+tokens[tenant])
@@ -77,20 +76,10 @@ func TestATenantHoldsAtMostItsShareOfTheDatabasesConnections(t *testing.T) {
 		_, _ = io.Copy(io.Discard, res.Body)
 		return res.StatusCode, nil
 	}
+	res := a.post(t, "create", validBody)
 	var order struct{ ID string }
-	{
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/orders", strings.NewReader(validBody))
-		req.Header.Set("Authorization", "Bearer "+tokens["t1"])
-		req.Header.Set("Idempotency-Key", "create")
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = json.NewDecoder(res.Body).Decode(&order)
-		res.Body.Close()
-		if res.StatusCode != http.StatusCreated {
-			t.Fatalf("create: %d", res.StatusCode)
-		}
+	if err := json.Unmarshal(res.body, &order); err != nil || res.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", res.status, res.body)
 	}
 
 	// Another transaction, on a connection of its own, keeps t1's order

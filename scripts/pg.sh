@@ -5,6 +5,7 @@
 #   scripts/pg.sh stop DIR                  stop (ok if not running)
 #   scripts/pg.sh crash DIR                 stop like a crash (immediate: recovery at the next start)
 #   scripts/pg.sh status DIR                exit 0 if a server is running on DIR
+#   scripts/pg.sh check                     exit 0 if the server binaries are found; else say where to get them
 #   scripts/pg.sh wipe DIR                  stop and delete DIR/data (and its /tmp target, if any)
 #   scripts/pg.sh url PORT [DB]             print the connection URL (DB defaults to orders)
 #
@@ -17,7 +18,7 @@ set -euo pipefail
 die() { echo "pg.sh: $*" >&2; exit 1; }
 
 usage() {
-	sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -199,7 +200,9 @@ cmd_status() {
 	local dir data pgbin
 	dir=$(abs_dir "$1")
 	data=$(data_dir "$dir")
-	pgbin=$(find_pgbin)
+	# without the binaries no server of ours can be running; `check` or
+	# `start` says what is missing, once
+	pgbin=$(find_pgbin 2>/dev/null) || return 1
 	running "$pgbin" "$data"
 }
 
@@ -232,6 +235,7 @@ start) cmd_start "$@" ;;
 stop) cmd_stop "$@" ;;
 crash) cmd_stop "$1" immediate ;; # like a crash: no checkpoint; recovery at the next start
 status) cmd_status "$@" ;;
+check) find_pgbin >/dev/null ;;
 wipe) cmd_wipe "$@" ;;
 url) cmd_url "$@" ;;
 -h | --help | help) usage ;;

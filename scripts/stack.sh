@@ -109,6 +109,9 @@ else
 fi
 
 
+# ---- what must be installed -------------------------------------------------
+if [ -z "${DATABASE_URL:-}" ]; then scripts/pg.sh check || exit 1; fi
+
 # ---- one stack per folder --------------------------------------------------
 # The lock on $STATE/stack.lock is held (fd 9) for as long as this script runs;
 # the processes it starts do not inherit it (9>&-), so a leftover server never
@@ -158,12 +161,18 @@ if [ "$NATS_RUNNING" = 1 ]; then
 		exit 1
 	fi
 fi
-busy=()
+busy=() leftover=()
 check_port() { # check_port PORT WHAT: add PORT to busy if something listens there
 	port_in_use "$1" || return 0
-	local pids
+	local pids pid exe
 	pids=$(listener_pids "$1" | paste -sd, -)
 	busy+=("$1 ($2${pids:+, held by pid $pids})")
+	# a service this folder's stack built and started, left running when that
+	# run was killed (kill -9 gives it no chance to stop them)
+	for pid in ${pids//,/ }; do
+		exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
+		case "$exe" in "$BIN"/*) leftover+=("$pid") ;; esac
+	done
 }
 check_port "$API_PORT" api
 check_port "$PROJ_PORT" projector
@@ -175,6 +184,10 @@ if [ ${#busy[@]} -gt 0 ]; then
 	list=$(printf ', %s' "${busy[@]}")
 	list=${list#, }
 	if [ ${#busy[@]} = 1 ]; then what="port $list is"; else what="ports $list are"; fi
+	if [ ${#leftover[@]} -gt 0 ]; then
+		say "$what held by services an earlier run from $SHOWN_STATE left running (it was killed before it could stop them): stop them with \`kill ${leftover[*]}\`, then run again"
+		exit 1
+	fi
 	hint=""
 	if port_in_use "$API_PORT"; then hint=" (if it is another stack, its api is http://localhost:$API_PORT)"; fi
 	say "$what already in use$hint; stop it (Ctrl-C in the terminal of that \`make run\`, or kill the pid) or choose free ports with API_PORT, PROJECTOR_PORT, WORKER_PORT, FAKEPSP_PORT, PG_PORT, NATS_PORT"

@@ -112,8 +112,9 @@ func (p *InboxPruner) Run(ctx context.Context) {
 			if ctx.Err() == nil {
 				p.logger.WarnContext(ctx, "prune the inbox", "err", err, "deleted", stats.Deleted)
 			}
-		} else if stats.Deleted > 0 {
-			p.logger.InfoContext(ctx, "inbox pruned", "deleted", stats.Deleted, "statements", stats.Statements)
+		} else if stats.Deleted > 0 || stats.DeadLetters > 0 {
+			p.logger.InfoContext(ctx, "inbox pruned", "deleted", stats.Deleted, "statements", stats.Statements,
+				"dead_letters_deleted", stats.DeadLetters)
 		}
 		select {
 		case <-ctx.Done():
@@ -125,8 +126,10 @@ func (p *InboxPruner) Run(ctx context.Context) {
 
 // PruneStats says what one sweep did.
 type PruneStats struct {
-	Deleted    int64 // rows deleted
-	Statements int   // DELETE statements run, each of at most Batch rows
+	Deleted    int64 // inbox rows deleted
+	Statements int   // DELETE statements of inbox rows run, each of at most Batch rows
+	// DeadLetters counts the re-driven ('retried') dead letters deleted.
+	DeadLetters int64
 }
 
 // inboxPruneSQL deletes, in one statement (its own transaction), up to $4
@@ -150,13 +153,40 @@ DELETE FROM public.inbox i USING doomed d
 WHERE i.projection = $1 AND i.event_id = d.event_id
 RETURNING i.event_id`
 
+// deadLettersPruneSQL deletes, in one statement, up to $3 dead letters of
+// projection $1 that a re-drive applied ('retried') more than $2
+// milliseconds ago by the database's clock, oldest first, by the index
+// dead_letters_retried. Open, parked and discarded rows stay: a rebuild
+// reads the discarded ones.
+const deadLettersPruneSQL = `
+WITH doomed AS (
+    SELECT id FROM public.dead_letters
+    WHERE projection = $1 AND status = 'retried'
+      AND resolved_at < now() - $2::bigint * interval '1 millisecond'
+    ORDER BY resolved_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+DELETE FROM public.dead_letters d USING doomed
+WHERE d.id = doomed.id`
+
 // Prune deletes the expired inbox rows of every projection of the pruner,
 // a statement of at most Batch rows at a time, until a statement comes
-// back short. It is safe to call concurrently with the runners, rebuilds
-// and other pruners.
+// back short; and, the same way, the projection's dead letters re-driven
+// longer ago than the retention. It is safe to call concurrently with the
+// runners, rebuilds and other pruners.
 func (p *InboxPruner) Prune(ctx context.Context) (PruneStats, error) {
 	var stats PruneStats
 	for _, name := range p.names {
+		for {
+			tag, err := p.db.Exec(ctx, deadLettersPruneSQL, name, p.cfg.Retention.Milliseconds(), p.cfg.Batch)
+			if err != nil {
+				return stats, fmt.Errorf("prune re-driven dead letters of %s: %w", name, err)
+			}
+			stats.DeadLetters += tag.RowsAffected()
+			if tag.RowsAffected() < int64(p.cfg.Batch) {
+				break
+			}
+		}
 		after := uuid.Nil
 		for {
 			rows, _ := p.db.Query(ctx, inboxPruneSQL, name, after, p.cfg.Retention.Milliseconds(), p.cfg.Batch)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/acme/orders/domain"
@@ -161,5 +163,56 @@ func publishEnvelope(t *testing.T, f fixture, env domain.Envelope, msgID string)
 	}
 	if _, err := f.js.Publish(context.Background(), stream.Subject(env.Type), b, jetstream.WithMsgID(msgID)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The pruner deletes a projection's dead letters that a re-drive applied
+// ('retried') longer ago than the retention, in statements of at most
+// Batch rows, and keeps the recent ones, the unresolved ones, the discarded
+// ones (a rebuild reads them) and other projections' ones.
+func TestInboxPrunerDeletesOldRedrivenDeadLetters(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	ctx := context.Background()
+	insert := func(projection, status string, resolvedAgo time.Duration, n int) {
+		t.Helper()
+		if _, err := f.db.Exec(ctx, `
+INSERT INTO dead_letters (projection, tenant_id, event_id, aggregate_id, aggregate_version, stream_seq,
+                          subject, payload, error, deliveries, status, resolved_at)
+SELECT $1, 't1', gen_random_uuid(), gen_random_uuid(), 1, 1, 'events.t1', '\x7b7d', 'x', 1, $2,
+       CASE WHEN $2 IN ('retried', 'discarded') THEN now() - $3::bigint * interval '1 millisecond' END
+FROM generate_series(1, $4)`, projection, status, resolvedAgo.Milliseconds(), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := DefaultInboxRetention + time.Hour
+	insert("order_views", "retried", old, 5)
+	insert("order_views", "retried", DefaultInboxRetention-time.Hour, 2) // within the retention
+	insert("order_views", "discarded", old, 3)
+	insert("order_views", "open", 0, 1)
+	insert("order_views", "parked", 0, 1)
+	insert("customer_summaries", "retried", old, 4) // not this pruner's
+
+	p := newPruner(t, f, []string{"order_views"}, InboxPruneConfig{Batch: 2})
+	stats, err := p.Prune(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.DeadLetters != 5 {
+		t.Errorf("pruned %d dead letters, want the 5 retried longer ago than the retention", stats.DeadLetters)
+	}
+	rows, _ := f.db.Query(ctx, `SELECT projection || '/' || status, count(*) FROM dead_letters GROUP BY 1 ORDER BY 1`)
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var k string
+		var n int
+		err := r.Scan(&k, &n)
+		return fmt.Sprintf("%s=%d", k, n), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "customer_summaries/retried=4 order_views/discarded=3 order_views/open=1 order_views/parked=1 order_views/retried=2"
+	if strings.Join(got, " ") != want {
+		t.Errorf("dead letters left: %s\nwant %s", strings.Join(got, " "), want)
 	}
 }

@@ -227,7 +227,10 @@ type ListOptions struct {
 	Cursor string
 }
 
-// OrderPage is one page of ListOrders; NextCursor is "" on the last.
+// OrderPage is one page of ListOrders; NextCursor is "" on the last. A
+// page filtered by status may hold fewer orders than the limit, even none,
+// and still not be the last: the server examines a bounded number of
+// orders per page. Walk until NextCursor is "", not until a short page.
 type OrderPage struct {
 	Orders     []Order `json:"orders"`
 	NextCursor string  `json:"next_cursor"`

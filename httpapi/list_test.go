@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/acme/orders/domain"
+	"github.com/acme/orders/query"
 )
 
 // insertView puts an order straight into the read model (no projector here).
@@ -144,5 +147,66 @@ func TestListOrdersFilters(t *testing.T) {
 		{"/v1/reports/daily-sales?from=2026-01-01&from=2026-01-02&to=2026-01-03", "from"},
 	} {
 		expectProblem(t, tt.path, a.do(t, http.MethodGet, tt.path, nil, ""), http.StatusBadRequest, "invalid-parameter", tt.field)
+	}
+}
+
+// A page filtered by status examines at most its scan's worth of orders:
+// a walk over 60 orders, 7 of them paid and scattered, in pages of 2 that
+// each examine at most 10 orders, comes back in short (even empty) pages
+// that still carry a cursor, and returns each paid order exactly once, in
+// order, with the walk ending on a page without a cursor. Another
+// customer's and another tenant's paid orders are never listed.
+func TestListOrdersByStatusExaminesABoundedNumberOfOrdersPerPage(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var want []uuid.UUID
+	for i := range 60 {
+		status := "pending"
+		if i%9 == 4 || i == 59 {
+			status = "paid"
+		}
+		id := insertView(t, a, "t1", "alice", status, base.Add(time.Duration(i)*time.Minute))
+		if status == "paid" {
+			want = append(want, id)
+		}
+	}
+	insertView(t, a, "t1", "bob", "paid", base.Add(30*time.Second))
+	insertView(t, a, "t2", "alice", "paid", base.Add(90*time.Second))
+
+	h := query.NewListOrdersHandler(a.db).WithStatusScan(10)
+	var got []uuid.UUID
+	q := query.ListOrders{TenantID: "t1", CustomerID: "alice", Status: domain.StatusPaid, Limit: 2}
+	pages := 0
+	for {
+		page, err := h.Handle(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		if len(page.Orders) > 2 {
+			t.Fatalf("page %d holds %d orders, want at most 2", pages, len(page.Orders))
+		}
+		for _, o := range page.Orders {
+			if o.Status != domain.StatusPaid || o.TenantID != "t1" || o.CustomerID != "alice" {
+				t.Fatalf("page %d lists %+v", pages, o)
+			}
+			got = append(got, o.ID)
+		}
+		if page.Next == nil {
+			break
+		}
+		if pages > 60 {
+			t.Fatal("the walk does not end")
+		}
+		q.After = page.Next
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("walked %v\nwant      %v", got, want)
+	}
+	// 60 orders, at most 10 examined per page: at least 6 pages, and the
+	// last one examines what is left (none of them past the 60th).
+	if pages < 6 || pages > 8 {
+		t.Errorf("the walk took %d pages, want 6 to 8 (10 orders examined per page)", pages)
 	}
 }

@@ -77,9 +77,11 @@ func (h GetOrderHandler) get(ctx context.Context, q GetOrder) (domain.Order, err
 	return o, nil
 }
 
-func scanOrder(row pgx.Row) (domain.Order, error) {
+// scanOrder scans orderViewColumns, and then extra, of row.
+func scanOrder(row pgx.Row, extra ...any) (domain.Order, error) {
 	var o domain.Order
-	err := row.Scan(&o.ID, &o.TenantID, &o.CustomerID, &o.Status, &o.Currency, &o.Items, &o.Total, &o.Version,
-		&o.CreatedAt, &o.UpdatedAt, &o.PaidAt, &o.ShippedAt, &o.CancelledAt, &o.CancelReason, &o.ShippingAddress, &o.Note, &o.Payment, &o.Refund)
+	err := row.Scan(append([]any{&o.ID, &o.TenantID, &o.CustomerID, &o.Status, &o.Currency, &o.Items, &o.Total, &o.Version,
+		&o.CreatedAt, &o.UpdatedAt, &o.PaidAt, &o.ShippedAt, &o.CancelledAt, &o.CancelReason, &o.ShippingAddress, &o.Note, &o.Payment, &o.Refund},
+		extra...)...)
 	return o.UTC(), err
 }

@@ -165,17 +165,17 @@ func TestTenantInFlightAndWaitingReaders(t *testing.T) {
 	if st != 429 || typ != "tenant-overloaded" || retry == "" {
 		t.Fatalf("a second waiting reader: %d %s Retry-After %q, want 429 tenant-overloaded with Retry-After", st, typ, retry)
 	}
-	if st, typ, _ := a.get(t, held, waitFor(quiet)); st != 412 {
-		// The quiet tenant's reader is admitted: it waits, then is told the
-		// view is behind.
-		t.Fatalf("the other tenant's reader: %d %s, want 412 after its wait", st, typ)
+	if st, typ, _ := a.get(t, held, waitFor(quiet)); st != 404 {
+		// The quiet tenant's reader is admitted: it waits, then is told
+		// there is no such order (not even in the write model).
+		t.Fatalf("the other tenant's reader: %d %s, want 404 after its wait", st, typ)
 	}
 	// A plain read of the noisy tenant is still admitted (1 of 2 in flight).
 	if st, typ, _ := a.get(t, "/v1/orders", bearer(noisy)); st != 200 {
 		t.Fatalf("a plain read beside the waiter: %d %s", st, typ)
 	}
-	if st := <-done; st != 412 {
-		t.Fatalf("the held reader: %d, want 412", st)
+	if st := <-done; st != 404 {
+		t.Fatalf("the held reader: %d, want 404", st)
 	}
 
 	// Fill the noisy tenant's two in-flight slots with waiting readers.

@@ -73,8 +73,9 @@ WHERE projection = $1 AND tenant_id = $2 AND aggregate_id = $3`
 )
 
 // Handle returns the summary. It returns a KindNotFound *domain.Error when
-// the customer has no orders (in the read model), and a *BehindError when
-// the projection did not reach q.MinPosition within q.Wait.
+// the customer has no orders (in the read model) or q.MinPosition names an
+// order the tenant does not have, and a *BehindError when the projection
+// did not reach q.MinPosition within q.Wait.
 func (h GetCustomerSummaryHandler) Handle(ctx context.Context, q GetCustomerSummary) (CustomerSummary, error) {
 	if p := q.MinPosition; p != nil {
 		err := awaitVersion(ctx, h.changes, "customer_summaries", p.OrderID, p.Version, q.Wait, func() (int64, error) {
@@ -82,7 +83,7 @@ func (h GetCustomerSummaryHandler) Handle(ctx context.Context, q GetCustomerSumm
 			err := h.db.QueryRow(ctx, projectionPositionSQL, "customer_summaries", q.TenantID, p.OrderID).Scan(&v)
 			return v, err
 		})
-		if err != nil {
+		if err := notFoundIfNoOrder(ctx, h.db, q.TenantID, p.OrderID, err); err != nil {
 			return CustomerSummary{}, err
 		}
 	}

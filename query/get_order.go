@@ -49,10 +49,17 @@ const orderViewColumns = `order_id, tenant_id, customer_id, status, currency, it
 
 const orderViewGetSQL = `SELECT ` + orderViewColumns + ` FROM order_views WHERE tenant_id = $1 AND order_id = $2`
 
+// orderExistsSQL asks the write model whether the tenant has the order.
+// Reads ask it only when a wait for a version ended with no view of the
+// order at all, to tell an order not projected yet from one that does
+// not exist.
+const orderExistsSQL = `SELECT EXISTS (SELECT 1 FROM orders WHERE tenant_id = $1 AND id = $2)`
+
 // Handle returns the order as the read model has it. It returns a
 // KindNotFound *domain.Error if the read model has no such order for the
-// tenant, and a *BehindError if the view did not reach q.MinVersion within
-// q.Wait.
+// tenant (with q.MinVersion: if, when the wait ends, neither the read model
+// nor the write model has it), and a *BehindError if the view did not reach
+// q.MinVersion within q.Wait.
 func (h GetOrderHandler) Handle(ctx context.Context, q GetOrder) (domain.Order, error) {
 	var o domain.Order
 	err := awaitVersion(ctx, h.changes, "order_views", q.ID, q.MinVersion, q.Wait, func() (int64, error) {
@@ -63,7 +70,27 @@ func (h GetOrderHandler) Handle(ctx context.Context, q GetOrder) (domain.Order, 
 		}
 		return o.Version, err
 	})
-	return o, err
+	return o, notFoundIfNoOrder(ctx, h.db, q.TenantID, q.ID, err)
+}
+
+// notFoundIfNoOrder turns err, a *BehindError of a wait that never saw the
+// order at all (version 0), into a KindNotFound *domain.Error if the write
+// model has no such order of the tenant either: a version of an order that
+// does not exist never comes, and a client told to retry would wait for it
+// for ever. Any other err is returned as it is.
+func notFoundIfNoOrder(ctx context.Context, db Querier, tenant string, id uuid.UUID, err error) error {
+	var behind *BehindError
+	if !errors.As(err, &behind) || behind.Have > 0 {
+		return err
+	}
+	var exists bool
+	if qerr := db.QueryRow(ctx, orderExistsSQL, tenant, id).Scan(&exists); qerr != nil {
+		return fmt.Errorf("look up order %s: %w", id, qerr)
+	}
+	if !exists {
+		return domain.Errorf(domain.KindNotFound, "order %s not found", id)
+	}
+	return err
 }
 
 func (h GetOrderHandler) get(ctx context.Context, q GetOrder) (domain.Order, error) {

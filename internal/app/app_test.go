@@ -313,4 +313,21 @@ func TestReadYourWrites(t *testing.T) {
 	if waited := time.Since(began); waited < 900*time.Millisecond {
 		t.Fatalf("answered behind after %s, before the 1s the client allowed", waited)
 	}
+
+	// A version of an order that does not exist never comes: after the
+	// wait, 404, not a view-behind that tells the client to retry for ever.
+	// So too for a summary waiting on such an order, or on another tenant's.
+	other := newToken(t, env, "t-other")
+	for _, tt := range []struct{ path, token string }{
+		{fmt.Sprintf("/v1/orders/%s?min_version=1", uuid.New()), token},
+		{fmt.Sprintf("/v1/orders/%s?min_version=1", o.ID), other},
+		{fmt.Sprintf("/v1/customers/c-ryw/summary?min_position=%s:1", uuid.New()), token},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, api+tt.path, nil)
+		req.Header.Set("Authorization", "Bearer "+tt.token)
+		req.Header.Set("Prefer", "wait=1")
+		if res := do(t, req); res.status != http.StatusNotFound || !strings.Contains(res.body, "not-found") {
+			t.Fatalf("GET %s: %d %s, want 404 not-found", tt.path, res.status, res.body)
+		}
+	}
 }

@@ -3,9 +3,12 @@ package command_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -347,5 +350,50 @@ WHERE NOT l.granted AND l.relation = 'idempotency_keys'::regclass
 	var n int
 	if err := other.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 2 {
 		t.Fatalf("%d orders (%v), want 2", n, err)
+	}
+}
+
+// Concurrent duplicates of one key on a keyed command other than create
+// (an honest client's retries racing each other, or reaching two api
+// processes) each wait for the first and replay it: one execution per key
+// and never an error. The key row has two unique indexes, the primary key
+// (tenant, scope, key) and (tenant, key); with only the second named as
+// the arbiter of ON CONFLICT, a duplicate that passed its pre-check waited
+// on the first's primary-key entry and then raised a unique violation (a
+// 500), about one key in eight here.
+func TestConcurrentDuplicatesOfAKeyReplayAndNeverFail(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
+	var execs atomic.Int64
+	var mu sync.Mutex
+	fails := map[string]int{}
+	for k := range 150 {
+		req := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders/{id}/pay", Key: fmt.Sprintf("dup-%d", k), Command: map[string]string{"id": "1"}}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 4 {
+			wg.Go(func() {
+				<-start
+				_, err := idem.Do(ctx, req, 5*time.Second, func(context.Context, pgx.Tx) (command.Response, error) {
+					execs.Add(1)
+					return command.Response{Status: 202, Body: []byte(`{"ok":true}`)}, nil
+				})
+				if err != nil {
+					mu.Lock()
+					fails[err.Error()]++
+					mu.Unlock()
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+	}
+	if n := execs.Load(); n != 150 {
+		t.Errorf("%d executions of 150 keys, want one each", n)
+	}
+	for e, n := range fails {
+		t.Errorf("%d× %s", n, e)
 	}
 }

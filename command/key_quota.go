@@ -52,7 +52,7 @@ func newKeyQuota(db postgres.DB, limit int, limitBytes int64, refresh time.Durat
 
 // keyCountSQL counts a tenant's keys, up to $2, and sums their stored bytes
 // (NULL in a row an api older than stored_bytes wrote: no bytes). An
-// index-only scan of idempotency_keys_tenant_key_bytes.
+// index-only scan of the primary key (tenant_id, key) INCLUDE (stored_bytes).
 const keyCountSQL = `
 SELECT count(*), coalesce(sum(stored_bytes), 0)::bigint
 FROM (SELECT stored_bytes FROM idempotency_keys WHERE tenant_id = $1 LIMIT $2) AS k`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -178,5 +179,47 @@ VALUES ('t1', 'POST /v1/orders/{id}/pay', 'k', '\x05', 1, '{}', now() + interval
 	var fp []byte
 	if err := conn.QueryRow(ctx, `SELECT fingerprint FROM idempotency_keys WHERE tenant_id = 't1'`).Scan(&fp); err != nil || string(fp) != "\x05" {
 		t.Errorf("t1's row after down: fingerprint %x %v, want the newer row's 05", fp, err)
+	}
+}
+
+// Migration 019 makes (tenant_id, key) the key rows' primary key, in place
+// of (tenant_id, scope, key) beside a unique index on (tenant_id, key),
+// keeping the rows; down restores both indexes.
+func TestTheKeyRowsPrimaryKeyBecomesTenantAndKeyAndBack(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	indexes := func() []string {
+		rows, _ := conn.Query(ctx, `SELECT indexdef FROM pg_indexes WHERE tablename = 'idempotency_keys' AND indexdef LIKE 'CREATE UNIQUE%' ORDER BY 1`)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, def := range got {
+			got[i] = def[strings.Index(def, " INDEX ")+7:]
+		}
+		return got
+	}
+	migrateTo(t, conn, 18)
+	if _, err := conn.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, expires_at, stored_bytes)
+VALUES ('t1', 'POST /v1/orders', 'k', '\x01', 1, '{}', now() + interval '1 hour', 7)`); err != nil {
+		t.Fatal(err)
+	}
+	before := indexes()
+	migrateTo(t, conn, 19)
+	want := []string{`idempotency_keys_pkey ON public.idempotency_keys USING btree (tenant_id, key) INCLUDE (stored_bytes)`}
+	if got := indexes(); !slices.Equal(got, want) {
+		t.Errorf("after 019: %q, want %q", got, want)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE tenant_id = 't1' AND key = 'k' AND stored_bytes = 7`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("the key row after 019: %d rows, %v", n, err)
+	}
+	migrateTo(t, conn, 18)
+	if got := indexes(); !slices.Equal(got, before) {
+		t.Errorf("after 019 and back: %q, want %q", got, before)
 	}
 }

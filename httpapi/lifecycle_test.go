@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -139,5 +140,47 @@ func TestLifecycleOverHTTP(t *testing.T) {
 	if r := a.do(t, http.MethodPost, "/v1/orders/"+other.ID+"/pay", map[string]string{"Idempotency-Key": "p-2"}, ""); r.status != 409 ||
 		!strings.Contains(string(r.body), `"current_status":"cancelled"`) {
 		t.Fatalf("pay of a cancelled order: %d %s", r.status, r.body)
+	}
+}
+
+// A key reused with another request is refused naming what the client sent
+// differently, as it sent it: If-Match, a body field, the order's id in the
+// path; never the canonical command's own fields (expected_version,
+// set_note, order_id).
+func TestMismatchedFieldsNameWhatTheClientSent(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	first := decodeOrder(t, a.post(t, "create-1", validBody))
+	second := decodeOrder(t, a.post(t, "create-2", validBody))
+	do := func(method, id, suffix, key, body, ifMatch string) response {
+		h := map[string]string{"Idempotency-Key": key}
+		if ifMatch != "" {
+			h["If-Match"] = ifMatch
+		}
+		return a.do(t, method, "/v1/orders/"+id+suffix, h, body)
+	}
+	if r := do(http.MethodPatch, first.ID, "", "patch", `{"note":"a"}`, `"1"`); r.status != 200 {
+		t.Fatalf("PATCH: %d %s", r.status, r.body)
+	}
+	if r := do(http.MethodPost, first.ID, "/pay", "pay", "", ""); r.status != 202 {
+		t.Fatalf("pay: %d %s", r.status, r.body)
+	}
+	for _, tt := range []struct {
+		name                    string
+		method, id, suffix, key string
+		body, ifMatch           string
+		want                    string
+	}{
+		{"another If-Match", http.MethodPatch, first.ID, "", "patch", `{"note":"a"}`, `"2"`, "[If-Match]"},
+		{"another body field", http.MethodPatch, first.ID, "", "patch", `{"shipping_address":null}`, `"1"`, "[note shipping_address]"},
+		{"a field more", http.MethodPatch, first.ID, "", "patch", `{"note":"a","shipping_address":null}`, `"1"`, "[shipping_address]"},
+		{"another order", http.MethodPost, second.ID, "/pay", "pay", "", "", "[id]"},
+		{"another method", http.MethodPost, first.ID, "/pay", "pay", `{"payment_method":"pm_card_chargeDeclined"}`, "", "[payment_method]"},
+	} {
+		r := do(tt.method, tt.id, tt.suffix, tt.key, tt.body, tt.ifMatch)
+		p := decodeProblem(t, r)
+		if r.status != 422 || fmt.Sprint(p.MismatchedFields) != tt.want {
+			t.Errorf("%s: %d %s; want 422 with mismatched_fields %s", tt.name, r.status, r.body, tt.want)
+		}
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/acme/orders/command"
@@ -76,7 +78,7 @@ func problemFor(err error) *Problem {
 			p.Detail = fmt.Sprintf("This Idempotency-Key was first used for %s; use a new key for a new request.", r)
 			p.FirstUsedFor = r
 		}
-		p.MismatchedFields = mismatch.Fields
+		p.MismatchedFields = requestFields(mismatch.Fields)
 		return p
 	case errors.Is(err, command.ErrInFlight):
 		p := problem(http.StatusConflict, "idempotency-key-in-flight", "Request with this Idempotency-Key in flight",
@@ -168,4 +170,26 @@ func writeProblem(w http.ResponseWriter, r *http.Request, logger *slog.Logger, p
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(p.body())
+}
+
+// requestFields names the parts of a request that the canonical command's
+// fields come from, as the client sent them: the version a PATCH expects
+// comes from If-Match, the order's id from the path ("id"), and a patch's
+// set_note / set_shipping_address (whether the field was sent) from the
+// body field itself. Sorted, each once.
+func requestFields(canonical []string) []string {
+	var fields []string
+	for _, f := range canonical {
+		switch f {
+		case "expected_version":
+			f = "If-Match"
+		case "order_id":
+			f = "id"
+		default:
+			f = strings.TrimPrefix(f, "set_")
+		}
+		fields = append(fields, f)
+	}
+	slices.Sort(fields)
+	return slices.Compact(fields)
 }

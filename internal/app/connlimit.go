@@ -25,7 +25,9 @@ const DefaultAPIMaxConns = 1024
 // idle the longest (a keep-alive connection between requests, which its
 // client reopens when it needs it), or else the oldest that has not
 // finished a request's header within silentAfter of connecting or of
-// beginning it. With none of those it waits
+// beginning it, or else the one whose client has not taken its answer for
+// the longest: a write blocked for stalledAfter (the kernel's send buffer,
+// megabytes, is full, so its client reads nothing). With none of those it waits
 // for one, leaving new connections in the kernel's accept queue, where
 // they cost this process nothing. Connections are closed only for a new
 // connection that is waiting, never ahead of it.
@@ -35,23 +37,27 @@ const DefaultAPIMaxConns = 1024
 // request: at most ReadHeaderTimeout (2 s) for its headers, then the body
 // timeout, on every path (httpapi sets that deadline on every request with
 // a body, whether a handler reads it or net/http discards it), and admitted
-// requests are bounded per tenant. Filling every slot
+// requests are bounded per tenant; and a slot per connection whose client
+// does not read its answers, until a new connection needs it and the
+// write has stalled for stalledAfter. Filling every slot
 // that way takes max connections re-dialled every two seconds, and even
 // then new connections take turns with the attacker's in the accept queue.
 type connLimit struct {
 	net.Listener
 	max int
 
-	// closedIdle and closedSlow count the connections Accept closed for a
-	// new one: idle keep-alive connections, and connections that had not
-	// sent a header within silentAfter.
-	closedIdle, closedSlow atomic.Int64
+	// closedIdle, closedSlow and closedStalled count the connections Accept
+	// closed for a new one: idle keep-alive connections, connections that
+	// had not sent a header within silentAfter, and connections whose
+	// write had been blocked for stalledAfter.
+	closedIdle, closedSlow, closedStalled atomic.Int64
 
 	mu     sync.Mutex
 	cond   *sync.Cond
 	open   int
 	idle   map[net.Conn]time.Time // idle since
 	fresh  map[net.Conn]time.Time // accepted, or its next request begun, at; header not in yet
+	all    map[*limitedConn]struct{}
 	closed bool
 }
 
@@ -60,8 +66,16 @@ type connLimit struct {
 // another: a client sends its header at once.
 const silentAfter = 250 * time.Millisecond
 
+// stalledAfter is how long a write to a connection may stay blocked before
+// the connection may be closed for another. A write blocks only once the
+// kernel's send buffer for the socket (grown to megabytes) is full, that is
+// once its client has stopped reading: a client that pipelines requests and
+// never reads the answers held its slot, and its handler, until the
+// server's WriteTimeout, and 1,024 of them locked every client out.
+const stalledAfter = time.Second
+
 func limitConns(ln net.Listener, max int) *connLimit {
-	l := &connLimit{Listener: ln, max: max, idle: map[net.Conn]time.Time{}, fresh: map[net.Conn]time.Time{}}
+	l := &connLimit{Listener: ln, max: max, idle: map[net.Conn]time.Time{}, fresh: map[net.Conn]time.Time{}, all: map[*limitedConn]struct{}{}}
 	l.cond = sync.NewCond(&l.mu)
 	return l
 }
@@ -79,10 +93,15 @@ func (l *connLimit) Accept() (net.Conn, error) {
 	l.mu.Lock()
 	for l.open >= l.max && !l.closed {
 		if unused := l.unused(time.Now()); unused != nil {
-			if _, idle := l.idle[unused]; idle {
+			_, idle := l.idle[unused]
+			_, fresh := l.fresh[unused]
+			switch {
+			case idle:
 				l.closedIdle.Add(1)
-			} else {
+			case fresh:
 				l.closedSlow.Add(1)
+			default:
+				l.closedStalled.Add(1)
 			}
 			delete(l.idle, unused)
 			delete(l.fresh, unused)
@@ -91,8 +110,8 @@ func (l *connLimit) Accept() (net.Conn, error) {
 			l.mu.Lock()
 			continue
 		}
-		if len(l.fresh) > 0 {
-			// A silent one may qualify soon: look again then.
+		if len(l.fresh) > 0 || l.writing() {
+			// A silent or a stalled one may qualify soon: look again then.
 			l.mu.Unlock()
 			time.Sleep(silentAfter / 5)
 			l.mu.Lock()
@@ -106,8 +125,10 @@ func (l *connLimit) Accept() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	l.open++
+	lc := &limitedConn{Conn: c, l: l}
+	l.all[lc] = struct{}{}
 	l.mu.Unlock()
-	return &limitedConn{Conn: c, l: l}, nil
+	return lc, nil
 }
 
 // Close stops Accept, including one waiting for a slot.
@@ -120,7 +141,8 @@ func (l *connLimit) Close() error {
 }
 
 // unused returns the connection idle the longest, or else the oldest that
-// has sent nothing for silentAfter, or nil.
+// has sent nothing for silentAfter, or else the one whose write has been
+// blocked the longest, for stalledAfter at least; or nil.
 func (l *connLimit) unused(now time.Time) net.Conn {
 	if c := oldest(l.idle); c != nil {
 		return c
@@ -128,7 +150,28 @@ func (l *connLimit) unused(now time.Time) net.Conn {
 	if c := oldest(l.fresh); c != nil && now.Sub(l.fresh[c]) >= silentAfter {
 		return c
 	}
+	var stalled *limitedConn
+	var since int64
+	for c := range l.all {
+		if w := c.writingSince.Load(); w != 0 && (stalled == nil || w < since) {
+			stalled, since = c, w
+		}
+	}
+	if stalled != nil && now.Sub(time.Unix(0, since)) >= stalledAfter {
+		return stalled
+	}
 	return nil
+}
+
+// writing reports whether a write to any connection is under way (one
+// that may stall).
+func (l *connLimit) writing() bool {
+	for c := range l.all {
+		if c.writingSince.Load() != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func oldest(conns map[net.Conn]time.Time) net.Conn {
@@ -181,9 +224,18 @@ func (l *connLimit) Open() int {
 
 type limitedConn struct {
 	net.Conn
-	l    *connLimit
-	once sync.Once
-	idle atomic.Bool // in l.idle: Accept may close it
+	l            *connLimit
+	once         sync.Once
+	idle         atomic.Bool  // in l.idle: Accept may close it
+	writingSince atomic.Int64 // unix nanoseconds the write under way began; 0 when none
+}
+
+// Write records when it began while it is under way, so that a write that
+// stays blocked (its client reads nothing) marks the connection stalled.
+func (c *limitedConn) Write(p []byte) (int, error) {
+	c.writingSince.Store(time.Now().UnixNano())
+	defer c.writingSince.Store(0)
+	return c.Conn.Write(p)
 }
 
 // Read moves an idle keep-alive connection whose next request has begun
@@ -217,6 +269,7 @@ func (c *limitedConn) Close() error {
 		c.l.mu.Lock()
 		delete(c.l.idle, c)
 		delete(c.l.fresh, c)
+		delete(c.l.all, c)
 		c.l.mu.Unlock()
 		c.l.release()
 	})
@@ -230,9 +283,9 @@ func (l *connLimit) register(reg prometheus.Registerer) {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: metrics.Namespace, Name: "http_connections_open",
 		Help: "Client connections the api holds open (at most -max-conns)."},
 		func() float64 { return float64(l.Open()) }))
-	help := "Connections closed to make room for a new one at -max-conns, by reason: idle (a keep-alive connection between requests) or slow (no request header within " +
-		silentAfter.String() + " of connecting or of beginning it)."
-	for reason, n := range map[string]*atomic.Int64{"idle": &l.closedIdle, "slow": &l.closedSlow} {
+	help := "Connections closed to make room for a new one at -max-conns, by reason: idle (a keep-alive connection between requests), slow (no request header within " +
+		silentAfter.String() + " of connecting or of beginning it) or stalled (a write blocked for " + stalledAfter.String() + ": its client reads nothing)."
+	for reason, n := range map[string]*atomic.Int64{"idle": &l.closedIdle, "slow": &l.closedSlow, "stalled": &l.closedStalled} {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: metrics.Namespace, Name: "http_connections_closed_for_new_total",
 			Help: help, ConstLabels: prometheus.Labels{"reason": reason}},
 			func() float64 { return float64(n.Load()) }))

@@ -306,6 +306,7 @@ func TestConnLimitRegistersItsMetrics(t *testing.T) {
 	defer ln.Close()
 	l := limitConns(ln, 1)
 	l.closedSlow.Add(2)
+	l.closedStalled.Add(3)
 	reg := prometheus.NewRegistry()
 	l.register(reg)
 	got, err := reg.Gather()
@@ -323,8 +324,9 @@ func TestConnLimitRegistersItsMetrics(t *testing.T) {
 		}
 	}
 	want := map[string]float64{"orders_http_connections_open": 0,
-		"orders_http_connections_closed_for_new_total{reason=idle}": 0,
-		"orders_http_connections_closed_for_new_total{reason=slow}": 2}
+		"orders_http_connections_closed_for_new_total{reason=idle}":    0,
+		"orders_http_connections_closed_for_new_total{reason=slow}":    2,
+		"orders_http_connections_closed_for_new_total{reason=stalled}": 3}
 	for name, v := range want {
 		if g, ok := seen[name]; !ok || g != v {
 			t.Errorf("%s = %v (exported: %v), want %v", name, g, ok, v)
@@ -467,4 +469,57 @@ func serveConns(t *testing.T, h http.Handler, logger *slog.Logger, maxConns int,
 		<-served
 	})
 	return addr
+}
+
+// A connection whose client sends requests and never reads the answers
+// holds its slot only until a new connection needs it and its write has
+// been blocked for stalledAfter: clients that stop reading cannot lock out
+// the ones that read. (Before, 1,024 such connections, pipelining GET
+// /openapi.json without a token, locked every tenant out until the
+// server's WriteTimeout.)
+func TestConnLimitClosesAConnectionWhoseClientReadsNothingForANewOne(t *testing.T) {
+	chunk := make([]byte, 64<<10)
+	url, l := serveLimited(t, 2, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/big" {
+			return
+		}
+		for { // far more than any socket buffer holds
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	addr := url[len("http://"):]
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		if _, err := io.WriteString(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "both connections stall writing", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		n := 0
+		for c := range l.all {
+			if w := c.writingSince.Load(); w != 0 && time.Since(time.Unix(0, w)) > 100*time.Millisecond {
+				n++
+			}
+		}
+		return n == 2
+	})
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	start := time.Now()
+	get(t, tr, url)
+	if took := time.Since(start); took > stalledAfter+2*time.Second {
+		t.Errorf("a request waited %s behind connections that read nothing", took)
+	}
+	if n := l.closedStalled.Load(); n != 1 {
+		t.Errorf("%d stalled connections closed, want 1 (one slot was needed)", n)
+	}
 }

@@ -161,4 +161,17 @@ VALUES ('t1', '2026-11-21', 'EUR', 6002, $1::numeric, $2::numeric)`} {
 		!strings.Contains(string(res.body), want) {
 		t.Fatalf("daily sales to 2026-11-30: status %d, body %s; want from 2026-11-01, with the 21st", res.status, res.body)
 	}
+
+	// Every date it answers can be sent back: none before 0001-01-01 (to
+	// in January of the year 1 used to answer from "0000-12-12", and the
+	// year 0 as to, from "-0001-12-12").
+	res = a.do(t, http.MethodGet, "/v1/reports/daily-sales?to=0001-01-10", nil, "")
+	if res.status != http.StatusOK || !strings.Contains(string(res.body), `"from":"0001-01-01","to":"0001-01-10"`) {
+		t.Fatalf("daily sales to 0001-01-10: status %d, body %s; want from 0001-01-01", res.status, res.body)
+	}
+	for _, q := range []string{"to=0000-01-10", "from=0000-12-31&to=0001-01-01"} {
+		if res := a.do(t, http.MethodGet, "/v1/reports/daily-sales?"+q, nil, ""); res.status != http.StatusBadRequest {
+			t.Fatalf("daily sales ?%s: status %d, body %s; want 400", q, res.status, res.body)
+		}
+	}
 }

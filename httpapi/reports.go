@@ -91,6 +91,19 @@ type daySalesJSON struct {
 
 const dayLayout = "2006-01-02"
 
+// firstDay is the earliest date a report takes or answers: the year 0 and
+// before are not dates a client can send back (0000-… parses, -0001-… does
+// not).
+var firstDay = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// latest returns the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // dailySales handles GET /v1/reports/daily-sales?from=YYYY-MM-DD&to=YYYY-MM-DD&currency=:
 // per UTC day and currency, orders placed and money paid and refunded.
 // Both dates are inclusive; the default is the last 30 days.
@@ -102,8 +115,8 @@ func (s *Server) dailySales(w http.ResponseWriter, r *http.Request) {
 			return def, true
 		}
 		d, err := time.Parse(dayLayout, v)
-		if err != nil {
-			writeProblem(w, r, s.Logger, invalidParam(name, "must be a date such as 2026-11-21"), nil)
+		if err != nil || d.Before(firstDay) {
+			writeProblem(w, r, s.Logger, invalidParam(name, "must be a date such as 2026-11-21, from 0001-01-01 on"), nil)
 			return time.Time{}, false
 		}
 		return d, true
@@ -112,7 +125,7 @@ func (s *Server) dailySales(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	from, ok := day("from", to.AddDate(0, 0, -29)) // 30 days up to to
+	from, ok := day("from", latest(to.AddDate(0, 0, -29), firstDay)) // 30 days up to to
 	if !ok {
 		return
 	}

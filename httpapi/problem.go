@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/acme/orders/command"
@@ -147,16 +148,55 @@ func gone(r *http.Request, cause error) string {
 	return ""
 }
 
+// goneLines bounds the warn lines of requests nobody waits for: any client
+// can cause one per request (a read that waits, and a hang-up), which let
+// one tenant write a line per request at its full rate. The 499s of the
+// request metrics count every one.
+var goneLines = &logSampler{perSecond: 10}
+
+// logSampler lets through at most perSecond lines in each second and counts
+// the ones it holds back.
+type logSampler struct {
+	perSecond int
+
+	mu         sync.Mutex
+	second     int64 // the unix second being counted
+	n          int   // lines let through in it
+	suppressed int64 // lines held back since the last one let through
+}
+
+// allow reports whether a line may be written at now and, if so, how many
+// were held back since the last one.
+func (s *logSampler) allow(now time.Time) (bool, int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sec := now.Unix(); sec != s.second {
+		s.second, s.n = sec, 0
+	}
+	if s.n >= s.perSecond {
+		s.suppressed++
+		return false, 0
+	}
+	s.n++
+	suppressed := s.suppressed
+	s.suppressed = 0
+	return true, suppressed
+}
+
 // writeProblem sends p, logging server-side failures with their cause. A
 // failure because nobody waits for the answer is not one: it is recorded as
-// 499 and logged at warn (a server slow enough that clients give up shows
-// there, and in the 499s of the request metrics, not as 5xx).
+// 499 and logged at warn, at most goneLines' rate (a server slow enough
+// that clients give up shows there, and in the 499s of the request
+// metrics, not as 5xx).
 func writeProblem(w http.ResponseWriter, r *http.Request, logger *slog.Logger, p *Problem, cause error) {
 	p.Instance = r.URL.Path
 	p.RequestID = requestID(r.Context())
 	if p.Status >= 500 {
 		if why := gone(r, cause); why != "" {
-			logger.WarnContext(r.Context(), why, "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)
+			if ok, suppressed := goneLines.allow(time.Now()); ok {
+				logger.WarnContext(r.Context(), why, "request_id", p.RequestID, "tenant_id", tenantOf(r), "method", r.Method, "path", r.URL.Path,
+					"err", cause, "suppressed_since_last", suppressed)
+			}
 			p.Type, p.Title, p.Status = ProblemBase+"client-closed-request", "Client closed request", StatusClientClosedRequest
 			p.Detail = "The request ended before its answer: its client closed the connection, or the connection was closed under it."
 		} else {

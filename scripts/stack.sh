@@ -367,13 +367,18 @@ if [ "$MODE" = e2e ]; then
 fi
 
 # ---- run: banner, then wait until Ctrl-C or a service dies -------------------
+PSP_LINE=""
+if [ "$RUN_PSP" = 1 ]; then
+	PSP_LINE="    fakepsp    http://localhost:$PSP_PORT   (log: $STATE/fakepsp.log; ledger: curl localhost:$PSP_PORT/_ledger)
+"
+fi
 cat >&2 <<BANNER
 
 ==> orders stack is up
     api        http://localhost:$API_PORT   (log: $STATE/api.log)
     projector  http://localhost:$PROJ_PORT   (log: $STATE/projector.log)
     worker     http://localhost:$WORKER_PORT   (log: $STATE/worker.log; payments go to $PAYMENT_PROVIDER_URL)
-    DATABASE_URL=$DATABASE_URL
+${PSP_LINE}    DATABASE_URL=$DATABASE_URL
     NATS_URL=$NATS_URL
 
 Your dev token (tenant 'dev', kept in $TOKEN_FILE):
@@ -387,12 +392,6 @@ or, in another terminal:
 Ctrl-C stops everything this run started.
 
 BANNER
-if [ "$RUN_PSP" = 1 ]; then
-	cat >&2 <<BANNER
-    fakepsp    http://localhost:$PSP_PORT   (log: $STATE/fakepsp.log; ledger: curl localhost:$PSP_PORT/_ledger)
-
-BANNER
-fi
 
 while :; do
 	if died api "$API_PID"; then API_PID=""; exit 1; fi

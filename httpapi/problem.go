@@ -150,34 +150,37 @@ func gone(r *http.Request, cause error) string {
 
 // goneLines bounds the warn lines of requests nobody waits for: any client
 // can cause one per request (a read that waits, and a hang-up), which let
-// one tenant write a line per request at its full rate. The 499s of the
-// request metrics count every one.
-var goneLines = &logSampler{perSecond: 10}
+// one tenant write a line per request at its full rate. Each tenant has its
+// own few lines a second, so one cannot crowd out the others' either. The
+// 499s of the request metrics count every one.
+var goneLines = &logSampler{perSecond: 50, perTenant: 5}
 
-// logSampler lets through at most perSecond lines in each second and counts
-// the ones it holds back.
+// logSampler lets through at most perSecond lines in each second, at most
+// perTenant of them of one tenant, and counts the ones it holds back.
 type logSampler struct {
-	perSecond int
+	perSecond, perTenant int
 
 	mu         sync.Mutex
-	second     int64 // the unix second being counted
-	n          int   // lines let through in it
-	suppressed int64 // lines held back since the last one let through
+	second     int64          // the unix second being counted
+	n          int            // lines let through in it
+	tenants    map[string]int // of them, by tenant
+	suppressed int64          // lines held back since the last one let through
 }
 
-// allow reports whether a line may be written at now and, if so, how many
-// were held back since the last one.
-func (s *logSampler) allow(now time.Time) (bool, int64) {
+// allow reports whether a line of tenant may be written at now and, if so,
+// how many were held back since the last one.
+func (s *logSampler) allow(tenant string, now time.Time) (bool, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if sec := now.Unix(); sec != s.second {
-		s.second, s.n = sec, 0
+	if sec := now.Unix(); sec != s.second || s.tenants == nil {
+		s.second, s.n, s.tenants = sec, 0, map[string]int{}
 	}
-	if s.n >= s.perSecond {
+	if s.n >= s.perSecond || s.tenants[tenant] >= s.perTenant {
 		s.suppressed++
 		return false, 0
 	}
 	s.n++
+	s.tenants[tenant]++
 	suppressed := s.suppressed
 	s.suppressed = 0
 	return true, suppressed
@@ -193,7 +196,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, logger *slog.Logger, p
 	p.RequestID = requestID(r.Context())
 	if p.Status >= 500 {
 		if why := gone(r, cause); why != "" {
-			if ok, suppressed := goneLines.allow(time.Now()); ok {
+			if ok, suppressed := goneLines.allow(tenantOf(r), time.Now()); ok {
 				logger.WarnContext(r.Context(), why, "request_id", p.RequestID, "tenant_id", tenantOf(r), "method", r.Method, "path", r.URL.Path,
 					"err", cause, "suppressed_since_last", suppressed)
 			}

@@ -66,13 +66,22 @@ type connLimit struct {
 // another: a client sends its header at once.
 const silentAfter = 250 * time.Millisecond
 
-// stalledAfter is how long a write to a connection may stay blocked before
-// the connection may be closed for another. A write blocks only once the
-// kernel's send buffer for the socket (grown to megabytes) is full, that is
-// once its client has stopped reading: a client that pipelines requests and
-// never reads the answers held its slot, and its handler, until the
-// server's WriteTimeout, and 1,024 of them locked every client out.
-const stalledAfter = time.Second
+// stalledAfter is how long a write of one chunk (writeChunk) to a
+// connection may stay blocked before the connection may be closed for
+// another. A write blocks only once the socket's send buffer (sendBuffer)
+// is full, and resumes once its client has taken about a third of it: a
+// client that takes less than about 80 KB/s, or nothing, while every slot
+// is taken gives way. A client that pipelined requests and never read the
+// answers held its slot, and its handler, until the server's WriteTimeout,
+// and 1,024 of them locked every client out.
+const stalledAfter = 2 * time.Second
+
+// sendBuffer is each connection's socket send buffer (the kernel doubles
+// it). Left to autotuning it grew to megabytes: a client that stopped
+// reading pinned 2 MB of kernel memory per connection (2 GB at the cap),
+// and a blocked write waited for a third of that to drain. 256 KiB keeps a
+// 100 ms round trip at 2.5 MB/s, more than the largest answer needs.
+const sendBuffer = 256 << 10
 
 func limitConns(ln net.Listener, max int) *connLimit {
 	l := &connLimit{Listener: ln, max: max, idle: map[net.Conn]time.Time{}, fresh: map[net.Conn]time.Time{}, all: map[*limitedConn]struct{}{}}
@@ -111,10 +120,11 @@ func (l *connLimit) Accept() (net.Conn, error) {
 			continue
 		}
 		if len(l.fresh) > 0 || l.writing() {
-			// A silent or a stalled one may qualify soon: look again then.
-			l.mu.Unlock()
-			time.Sleep(silentAfter / 5)
-			l.mu.Lock()
+			// A silent or a stalled one may qualify soon: look again then,
+			// or as soon as a slot frees.
+			t := time.AfterFunc(silentAfter/5, l.cond.Broadcast)
+			l.cond.Wait()
+			t.Stop()
 			continue
 		}
 		l.cond.Wait()
@@ -125,6 +135,9 @@ func (l *connLimit) Accept() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	l.open++
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(sendBuffer) // best effort: the default only costs memory
+	}
 	lc := &limitedConn{Conn: c, l: l}
 	l.all[lc] = struct{}{}
 	l.mu.Unlock()
@@ -230,12 +243,28 @@ type limitedConn struct {
 	writingSince atomic.Int64 // unix nanoseconds the write under way began; 0 when none
 }
 
-// Write records when it began while it is under way, so that a write that
-// stays blocked (its client reads nothing) marks the connection stalled.
+// writeChunk is the most Write hands the socket at once, so that the time
+// one piece has been under way measures a client that takes nothing, not a
+// large answer read steadily: net/http passes a large body to Write whole.
+const writeChunk = 32 << 10
+
+// Write writes p a chunk at a time, recording when the chunk under way
+// began, so that a chunk that stays blocked (its client takes nothing)
+// marks the connection stalled.
 func (c *limitedConn) Write(p []byte) (int, error) {
-	c.writingSince.Store(time.Now().UnixNano())
 	defer c.writingSince.Store(0)
-	return c.Conn.Write(p)
+	written := 0
+	for len(p) > 0 {
+		chunk := p[:min(len(p), writeChunk)]
+		c.writingSince.Store(time.Now().UnixNano())
+		n, err := c.Conn.Write(chunk)
+		written += n
+		if err != nil {
+			return written, err
+		}
+		p = p[n:]
+	}
+	return written, nil
 }
 
 // Read moves an idle keep-alive connection whose next request has begun

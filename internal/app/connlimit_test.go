@@ -523,3 +523,50 @@ func TestConnLimitClosesAConnectionWhoseClientReadsNothingForANewOne(t *testing.
 		t.Errorf("%d stalled connections closed, want 1 (one slot was needed)", n)
 	}
 }
+
+// A client that reads a large answer steadily, if slowly, is not stalled:
+// at the limit, a new connection waits for it rather than cut its answer
+// off (a write of the whole body used to count as stalled once it had
+// lasted stalledAfter, however fast the client took the bytes).
+func TestConnLimitKeepsAConnectionWhoseClientReadsSlowly(t *testing.T) {
+	body := make([]byte, 8<<20)
+	url, l := serveLimited(t, 1, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/big" {
+			w.Write(body) //nolint:errcheck
+		}
+	}))
+	c, err := net.Dial("tcp", url[len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan int64, 1)
+	go func() { // about 800 KB/s: the 8 MiB take some 10 s
+		var n int64
+		buf := make([]byte, 16<<10)
+		for {
+			m, err := c.Read(buf)
+			n += int64(m)
+			if err != nil || n >= int64(len(body)) {
+				got <- n
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	time.Sleep(stalledAfter + 500*time.Millisecond)
+	go getErr(&http.Transport{}, url) //nolint:errcheck // waits for the slot
+	time.Sleep(2 * stalledAfter)
+	if n := l.closedStalled.Load(); n != 0 {
+		t.Fatalf("%d connections closed as stalled while their client read", n)
+	}
+	c.Close()
+	if n := <-got; n < 1<<20 {
+		t.Errorf("the reader got %d bytes", n)
+	} else {
+		t.Logf("the reader got %d bytes", n)
+	}
+}

@@ -161,7 +161,7 @@ if [ "$NATS_RUNNING" = 1 ]; then
 		exit 1
 	fi
 fi
-busy=() leftover=()
+busy=() leftover=() own_ports=0
 check_port() { # check_port PORT WHAT: add PORT to busy if something listens there
 	port_in_use "$1" || return 0
 	local pids pid exe
@@ -169,10 +169,12 @@ check_port() { # check_port PORT WHAT: add PORT to busy if something listens the
 	busy+=("$1 ($2${pids:+, held by pid $pids})")
 	# a service this folder's stack built and started, left running when that
 	# run was killed (kill -9 gives it no chance to stop them)
+	local own=0
 	for pid in ${pids//,/ }; do
 		exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
-		case "$exe" in "$BIN"/*) leftover+=("$pid") ;; esac
+		case "$exe" in "$BIN"/*) leftover+=("$pid"); own=1 ;; esac
 	done
+	own_ports=$((own_ports + own))
 }
 check_port "$API_PORT" api
 check_port "$PROJ_PORT" projector
@@ -184,12 +186,13 @@ if [ ${#busy[@]} -gt 0 ]; then
 	list=$(printf ', %s' "${busy[@]}")
 	list=${list#, }
 	if [ ${#busy[@]} = 1 ]; then what="port $list is"; else what="ports $list are"; fi
-	if [ ${#leftover[@]} -gt 0 ]; then
+	if [ ${#leftover[@]} -gt 0 ] && [ "$own_ports" = ${#busy[@]} ]; then
 		say "$what held by services an earlier run from $SHOWN_STATE left running (it was killed before it could stop them): stop them with \`kill ${leftover[*]}\`, then run again"
 		exit 1
 	fi
 	hint=""
 	if port_in_use "$API_PORT"; then hint=" (if it is another stack, its api is http://localhost:$API_PORT)"; fi
+	if [ ${#leftover[@]} -gt 0 ]; then hint="$hint (pids ${leftover[*]} were left running by an earlier run from $SHOWN_STATE: kill them)"; fi
 	say "$what already in use$hint; stop it (Ctrl-C in the terminal of that \`make run\`, or kill the pid) or choose free ports with API_PORT, PROJECTOR_PORT, WORKER_PORT, FAKEPSP_PORT, PG_PORT, NATS_PORT"
 	exit 1
 fi

@@ -557,6 +557,9 @@ func TestConnLimitKeepsAConnectionWhoseClientReadsSlowly(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
+	// Sleeps, not polls: the answer must have been under way for longer
+	// than stalledAfter before the new connection comes, and the assertion
+	// is that nothing happens over the next window.
 	time.Sleep(stalledAfter + 500*time.Millisecond)
 	go getErr(&http.Transport{}, url) //nolint:errcheck // waits for the slot
 	time.Sleep(2 * stalledAfter)

@@ -159,8 +159,9 @@ type Idempotency struct {
 	db          postgres.DB
 	ttl         time.Duration
 	quota       *keyQuota
-	waitSeconds Observer // nil: not observed
-	afterCommit func()   // nil: none
+	waitSeconds Observer    // nil: not observed
+	afterCommit func()      // nil: none
+	group       *claimGroup // nil: each create commits alone
 
 	created, replays, mismatches, waits, waitTimeouts atomic.Int64
 }
@@ -233,7 +234,16 @@ type IdempotencyConfig struct {
 	// it: the api wakes its outbox relay with it, so that no NOTIFY runs
 	// inside the write transaction. It must not block.
 	AfterCommit func()
+	// GroupSlots, if above 0, commits the claim statements of concurrent
+	// creates together (claimGroup): at most GroupSlots batches in flight,
+	// each of at most GroupMaxBatch creates (default DefaultGroupMaxBatch).
+	// 0: each create commits in a transaction of its own.
+	GroupSlots    int
+	GroupMaxBatch int
 }
+
+// DefaultGroupMaxBatch is how many creates one group commit takes at most.
+const DefaultGroupMaxBatch = 64
 
 // Observer takes one observation, such as a prometheus.Histogram.
 type Observer interface{ Observe(float64) }
@@ -251,6 +261,9 @@ func (c *IdempotencyConfig) validate() error {
 	if c.KeyQuotaRefresh == 0 {
 		c.KeyQuotaRefresh = DefaultKeyQuotaRefresh
 	}
+	if c.GroupMaxBatch == 0 {
+		c.GroupMaxBatch = DefaultGroupMaxBatch
+	}
 	switch {
 	case c.TTL < time.Second:
 		return fmt.Errorf("idempotency config: TTL must be at least 1s, got %s", c.TTL)
@@ -258,6 +271,10 @@ func (c *IdempotencyConfig) validate() error {
 		return fmt.Errorf("idempotency config: KeyQuota must be at least 1, got %d", c.KeyQuota)
 	case c.KeyQuotaBytes < 1:
 		return fmt.Errorf("idempotency config: KeyQuotaBytes must be at least 1, got %d", c.KeyQuotaBytes)
+	case c.GroupSlots < 0:
+		return fmt.Errorf("idempotency config: GroupSlots must be 0 (off) or more, got %d", c.GroupSlots)
+	case c.GroupMaxBatch < 1 || c.GroupMaxBatch > 1000:
+		return fmt.Errorf("idempotency config: GroupMaxBatch must be 1 to 1000, got %d", c.GroupMaxBatch)
 	case c.KeyQuotaRefresh < 10*time.Millisecond:
 		return fmt.Errorf("idempotency config: KeyQuotaRefresh must be at least 10ms, got %s", c.KeyQuotaRefresh)
 	}
@@ -270,8 +287,20 @@ func NewIdempotency(db postgres.DB, cfg IdempotencyConfig) (*Idempotency, error)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Idempotency{db: db, ttl: cfg.TTL, quota: newKeyQuota(db, cfg.KeyQuota, cfg.KeyQuotaBytes, cfg.KeyQuotaRefresh), waitSeconds: cfg.WaitSeconds,
-		afterCommit: cfg.AfterCommit}, nil
+	s := &Idempotency{db: db, ttl: cfg.TTL, quota: newKeyQuota(db, cfg.KeyQuota, cfg.KeyQuotaBytes, cfg.KeyQuotaRefresh), waitSeconds: cfg.WaitSeconds,
+		afterCommit: cfg.AfterCommit}
+	if cfg.GroupSlots > 0 {
+		s.group = newClaimGroup(db, cfg.GroupSlots, cfg.GroupMaxBatch)
+	}
+	return s, nil
+}
+
+// GroupStats counts what the create group has done (zero if it is off).
+func (s *Idempotency) GroupStats() ClaimGroupStats {
+	if s.group == nil {
+		return ClaimGroupStats{}
+	}
+	return ClaimGroupStats{Batches: s.group.batches.Load(), Grouped: s.group.grouped.Load(), Alone: s.group.alone.Load()}
 }
 
 // Do executes exec once for req, in one transaction with the key row, and
@@ -380,11 +409,23 @@ func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canoni
 	var expiresAt *time.Time
 	var keyTook *float64
 	var rows int64
-	b := &pgx.Batch{}
-	b.Queue(KeyLockTimeout, lockTimeout(wait)) // local: it ends with the batch's transaction
-	b.Queue(pre.SQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&expiresAt, &keyTook, &rows) })
 	start := time.Now()
-	err = s.db.SendBatch(ctx, b).Close()
+	grouped := false
+	if s.group != nil {
+		c := &groupClaim{tenant: req.TenantID, key: req.Key, sql: pre.SQL, args: args}
+		if err := s.group.claim(ctx, c); err != nil {
+			return false, err
+		}
+		if grouped = c.err == nil; grouped {
+			expiresAt, keyTook, rows = c.expiresAt, c.took, c.rows
+		}
+	}
+	if !grouped { // alone: in a transaction of its own, with the request's wait bound
+		b := &pgx.Batch{}
+		b.Queue(KeyLockTimeout, lockTimeout(wait)) // local: it ends with the batch's transaction
+		b.Queue(pre.SQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&expiresAt, &keyTook, &rows) })
+		err = s.db.SendBatch(ctx, b).Close()
+	}
 	took := time.Since(start)
 	if err == nil && keyTook != nil {
 		took = time.Duration(*keyTook * float64(time.Second))

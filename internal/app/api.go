@@ -44,6 +44,7 @@ type apiConfig struct {
 	keyQuotaRefresh                time.Duration
 	replicas, poolSize             int
 	tenantDBShare                  int
+	createGroupSlots               int
 	maxInFlight                    int
 	maxConns                       int
 	tenantLimits                   httpapi.TenantLimitConfig
@@ -76,7 +77,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	var expires *time.Duration
 	var relay, acceptLegacy *bool
 	var replicas, poolSize, maxInFlight, maxConns, relayPartitions, relayWorkers, relayBatch, relayMinAtomic *int
-	var tenantInFlight, tenantWaiting, tenantRate, tenantBurst, tenantDBShare *int
+	var tenantInFlight, tenantWaiting, tenantRate, tenantBurst, tenantDBShare, createGroupSlots *int
 	var bodyTimeout, tokenCacheTTL *time.Duration
 	var relayRetention *time.Duration
 	var keyTTL, keyWait, janitorEvery, keyQuotaRefresh *time.Duration
@@ -101,6 +102,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		maxInFlight = env.Int(fs, "max-in-flight", "MAX_IN_FLIGHT", httpapi.DefaultMaxInFlight, "most /v1 requests served at once; the rest get 429 with Retry-After")
 		tenantInFlight = env.Int(fs, "tenant-max-in-flight", "TENANT_MAX_IN_FLIGHT", httpapi.DefaultTenantMaxInFlight, "most /v1 requests of one tenant served at once; its excess gets 429 tenant-overloaded")
 		tenantDBShare = env.Int(fs, "tenant-db-share", "TENANT_DB_SHARE", 0, "most of this api's PostgreSQL connections one tenant's requests hold at once, its other requests waiting for them (0: three quarters of -db-pool-size)")
+		createGroupSlots = env.Int(fs, "create-group-slots", "CREATE_GROUP_SLOTS", DefaultCreateGroupSlots, "most batches of concurrent creates committing at once, each one transaction and one WAL flush for its creates (0: every create commits alone)")
 		tenantWaiting = env.Int(fs, "tenant-max-waiting", "TENANT_MAX_WAITING", httpapi.DefaultTenantMaxWaiting, "most reads with min_version or min_position of one tenant in flight at once (at most -tenant-max-in-flight)")
 		tenantRate = env.Int(fs, "tenant-rate", "TENANT_RATE", int(httpapi.DefaultTenantRate), "requests per second of one tenant (token bucket); its excess gets 429 tenant-rate-limited")
 		tenantBurst = env.Int(fs, "tenant-burst", "TENANT_BURST", httpapi.DefaultTenantBurst, "token bucket size of -tenant-rate")
@@ -148,6 +150,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		}
 		c.bodyTimeout, c.tokenCacheTTL, c.acceptLegacyTokens = *bodyTimeout, *tokenCacheTTL, *acceptLegacy
 		c.tenantDBShare = *tenantDBShare // 0: from the pool's size, once it is open
+		c.createGroupSlots = *createGroupSlots
 		switch {
 		case c.keyTTL < time.Second:
 			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
@@ -157,6 +160,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-stream-replicas must be 1 to %d, got %d", stream.MaxReplicas, c.replicas)
 		case c.poolSize < 4:
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
+		case c.createGroupSlots < 0 || c.createGroupSlots > c.poolSize/2:
+			return c, fmt.Errorf("-create-group-slots must be 0 to half of -db-pool-size (%d), got %d", c.poolSize/2, c.createGroupSlots)
 		case c.tenantDBShare < 0:
 			return c, fmt.Errorf("-tenant-db-share must not be negative, got %d", c.tenantDBShare)
 		case c.maxInFlight < 1:
@@ -324,6 +329,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	idem, err := command.NewIdempotency(shares, command.IdempotencyConfig{
 		TTL: cfg.keyTTL, KeyQuota: cfg.keyQuota, KeyQuotaBytes: int64(cfg.keyQuotaBytes), KeyQuotaRefresh: cfg.keyQuotaRefresh, WaitSeconds: keyWait,
 		AfterCommit: func() { wakeRelay() },
+		GroupSlots:  cfg.createGroupSlots,
 	})
 	if err != nil {
 		return err
@@ -337,6 +343,9 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		counter("idempotency_mismatches_total", "keys refused for a different request", func() int64 { return idem.Stats().Mismatches }),
 		counter("idempotency_waits_total", "requests held up by an in-flight request with their key", func() int64 { return idem.Stats().Waits }),
 		counter("idempotency_wait_timeouts_total", "requests answered 409 after waiting", func() int64 { return idem.Stats().WaitTimeouts }),
+		counter("create_group_batches_total", "batches of creates committed together", func() int64 { return idem.GroupStats().Batches }),
+		counter("create_group_creates_total", "creates committed in those batches", func() int64 { return idem.GroupStats().Grouped }),
+		counter("create_group_alone_total", "creates a failed batch sent alone", func() int64 { return idem.GroupStats().Alone }),
 	}
 
 	// Background work stops after the HTTP server has drained.

@@ -35,6 +35,9 @@ const (
 	// -db-pool-size of each process.
 	DefaultAPIPoolSize       = 20
 	DefaultProjectorPoolSize = 10
+	// DefaultCreateGroupSlots is the default -create-group-slots: batches
+	// of concurrent creates committing at once (command.IdempotencyConfig.GroupSlots).
+	DefaultCreateGroupSlots = 4
 	// DefaultJanitorInterval is how often the api deletes expired keys.
 	DefaultJanitorInterval = time.Minute
 	// APIShutdownTimeout and ProjectorShutdownTimeout bound how long each

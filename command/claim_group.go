@@ -34,12 +34,19 @@ import (
 // stored, and replayed.
 //
 // Tenants are kept apart (G9). A batch takes one queued claim of each
-// tenant in turn, so a tenant with many creates queued fills the batch
-// only when no other tenant waits, and another tenant's create is in the
-// next batch whatever the first has queued. A tenant whose statement
-// failed a batch sends its creates alone for groupStrike, so that its
-// failing creates (on purpose or not) cost the others at most one batch
-// sent again per groupStrike, not every batch.
+// tenant in turn, and the next batch starts after the tenant served last,
+// so a tenant with many creates queued fills a batch only when no other
+// tenant waits, and every tenant with a create queued is served within
+// (tenants queued / maxBatch) + 1 batches, whatever the others queued. A
+// tenant whose statement failed a batch has its queued creates taken out
+// and sends its creates alone for groupStrike, so that its failing creates
+// (on purpose or not) cost the others at most one batch sent again per
+// groupStrike, not every batch.
+//
+// Each lock wait of a batch is bounded by groupLockTimeout (PostgreSQL
+// bounds each wait, not their sum). A create whose batch committed but whose
+// answer was lost (the connection broke) finds its key stored when it goes
+// alone, and answers with that stored response, marked replayed.
 type claimGroup struct {
 	db       postgres.DB
 	slots    int // batches in flight at most
@@ -53,7 +60,7 @@ type claimGroup struct {
 	inflight int
 	struck   map[string]time.Time // tenants whose claims go alone until then
 
-	batches, grouped, alone atomic.Int64
+	batches, grouped, alone, failed atomic.Int64
 }
 
 // groupClaim is one create's claim statement and, once done is closed, its
@@ -67,6 +74,7 @@ type groupClaim struct {
 	took      *float64
 	rows      int64
 	err       error
+	sent      time.Time // when its batch was sent (the last time)
 	done      chan struct{}
 	queued    bool // guarded by claimGroup.mu
 }
@@ -187,14 +195,17 @@ func (g *claimGroup) lead() {
 // take removes the next batch from the queues: one claim of each tenant in
 // turn, round after round, up to maxBatch, and never two claims of one key
 // (the second waits for a later batch, where it finds the first's row).
-// The tenant served first goes to the end of the turns. g.mu is held.
+// The next batch starts with the tenant after the one served last, so
+// with more tenants queued than a batch holds every tenant is served
+// within len(turns)/maxBatch + 1 batches. g.mu is held.
 func (g *claimGroup) take() []*groupClaim {
 	var batch []*groupClaim
 	type tenantKey struct{ tenant, key string }
 	keys := map[tenantKey]bool{}
+	last := -1 // the index in turns of the tenant served last
 	for len(batch) < g.maxBatch {
 		took := false
-		for _, t := range g.turns {
+		for i, t := range g.turns {
 			if len(batch) == g.maxBatch {
 				break
 			}
@@ -203,7 +214,7 @@ func (g *claimGroup) take() []*groupClaim {
 					keys[k] = true
 					c.queued = false
 					batch = append(batch, c)
-					took = true
+					took, last = true, i
 					break
 				}
 			}
@@ -212,8 +223,8 @@ func (g *claimGroup) take() []*groupClaim {
 			break
 		}
 	}
-	if len(g.turns) > 1 {
-		g.turns = append(g.turns[1:], g.turns[0])
+	if next := last + 1; next > 0 && next < len(g.turns) { // the next batch starts after it
+		g.turns = append(g.turns[next:], g.turns[:next]...)
 	}
 	for _, t := range append([]string(nil), g.turns...) {
 		q := g.queues[t]
@@ -235,10 +246,15 @@ func (g *claimGroup) take() []*groupClaim {
 func (g *claimGroup) send(batch []*groupClaim) {
 	for attempt := 1; len(batch) > 0; attempt++ {
 		failed, err := g.try(batch)
+		if err != nil {
+			g.failed.Add(1)
+		}
 		if err == nil {
 			g.batches.Add(1)
-			g.grouped.Add(int64(len(batch)))
 			for _, c := range batch {
+				if c.expiresAt != nil {
+					g.grouped.Add(1)
+				}
 				close(c.done)
 			}
 			return
@@ -248,8 +264,8 @@ func (g *claimGroup) send(batch []*groupClaim) {
 			return
 		}
 		tenant := batch[failed].tenant
-		g.strike(tenant)
-		var rest, alone []*groupClaim
+		alone := g.strike(tenant)
+		var rest []*groupClaim
 		for _, c := range batch {
 			if c.tenant == tenant {
 				alone = append(alone, c)
@@ -262,11 +278,17 @@ func (g *claimGroup) send(batch []*groupClaim) {
 	}
 }
 
-// strike sends tenant's creates alone for groupStrike.
-func (g *claimGroup) strike(tenant string) {
+// strike sends tenant's creates alone for groupStrike, and returns those it
+// had queued, taken out of the queue: they go alone too.
+func (g *claimGroup) strike(tenant string) (queued []*groupClaim) {
 	now := time.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	queued = g.queues[tenant]
+	for _, c := range queued {
+		c.queued = false
+	}
+	g.setQueue(tenant, nil)
 	if len(g.struck) >= 1024 { // forget the strikes that ended
 		for t, until := range g.struck {
 			if now.After(until) {
@@ -275,6 +297,7 @@ func (g *claimGroup) strike(tenant string) {
 		}
 	}
 	g.struck[tenant] = now.Add(groupStrike)
+	return queued
 }
 
 func (g *claimGroup) goAlone(batch []*groupClaim) {
@@ -286,18 +309,21 @@ func (g *claimGroup) goAlone(batch []*groupClaim) {
 }
 
 // try sends batch in one pipeline whose Sync commits it. On an error it
-// returns the index of the claim whose statement raised it, or -1 if none
-// did (the commit, or the connection).
+// returns the index of the claim whose statement raised it, or -1 if the
+// error is not one a statement raises for its own rows (statementsOwn):
+// the commit, the connection, a lock on a table.
 func (g *claimGroup) try(batch []*groupClaim) (failed int, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), groupTimeout)
 	defer cancel()
 	failed = -1
 	b := &pgx.Batch{}
 	b.Queue(KeyLockTimeout, g.lockTimeout)
+	sent := time.Now()
 	for i, c := range batch {
+		c.sent = sent
 		b.Queue(c.sql, c.args...).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&c.expiresAt, &c.took, &c.rows)
-			if err != nil && failed < 0 {
+			if failed < 0 && statementsOwn(err) {
 				failed = i
 			}
 			return err
@@ -309,9 +335,17 @@ func (g *claimGroup) try(batch []*groupClaim) (failed int, err error) {
 	return failed, err
 }
 
+// statementsOwn reports whether err is one a claim statement raises for
+// its own rows: a unique violation (its key created an order before), or a
+// lock timeout waiting for its key's row (a request in flight with it).
+func statementsOwn(err error) bool {
+	return postgres.HasCode(err, postgres.CodeUniqueViolation) || waitedForKey(err)
+}
+
 // ClaimGroupStats counts what the create group has done since start.
 type ClaimGroupStats struct {
 	Batches int64 // batches committed
-	Grouped int64 // claims committed in them
-	Alone   int64 // claims a failed batch sent alone
+	Grouped int64 // creates committed in them (their keys claimed)
+	Alone   int64 // creates sent alone: their batch failed, or their tenant was struck
+	Failed  int64 // batches sent that failed (each sent again without the failing tenant, or alone)
 }

@@ -71,3 +71,23 @@ func TestAGroupBatchTakesTenantsInTurn(t *testing.T) {
 		t.Fatalf("took %d of 1004 claims; left queues %d, turns %v", taken, len(g.queues), g.turns)
 	}
 }
+
+// With more tenants queued than a batch holds, the next batch starts after
+// the tenant served last: a tenant that queues behind a hundred others,
+// each with creates to spare, is served in the second batch, not after
+// every tenant before it was served again and again.
+func TestAGroupBatchStartsAfterTheTenantServedLast(t *testing.T) {
+	g := newClaimGroup(nil, 1, 64)
+	for i := range 100 {
+		g.queue(fmt.Sprintf("t%03d", i), "a", "b", "c", "d", "e")
+	}
+	g.queue("quiet", "q")
+	for batch := 1; batch <= 2; batch++ {
+		for _, n := range names(g.take()) {
+			if n == "quiet/q" {
+				return
+			}
+		}
+	}
+	t.Fatal("the quiet tenant was not served in the first two batches")
+}

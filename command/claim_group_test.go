@@ -146,7 +146,7 @@ func TestACreateThatFailsInItsBatchFailsOnlyItself(t *testing.T) {
 		}
 	}
 	st := idem.GroupStats()
-	if got := (command.ClaimGroupStats{Batches: st.Batches - before.Batches, Grouped: st.Grouped - before.Grouped, Alone: st.Alone - before.Alone}); got != (command.ClaimGroupStats{Batches: 2, Grouped: 11, Alone: 1}) {
+	if got := (command.ClaimGroupStats{Batches: st.Batches - before.Batches, Grouped: st.Grouped - before.Grouped, Alone: st.Alone - before.Alone, Failed: st.Failed - before.Failed}); got != (command.ClaimGroupStats{Batches: 2, Grouped: 11, Alone: 1, Failed: 1}) {
 		t.Fatalf("group did %+v; want the held key's batch and the ten others' committed, the failing one alone", got)
 	}
 	if n := count(t, db, `SELECT count(*) FROM orders`); n != 12 {
@@ -160,7 +160,7 @@ func TestACreateThatFailsInItsBatchFailsOnlyItself(t *testing.T) {
 		}
 	}
 	st = idem.GroupStats()
-	if got := (command.ClaimGroupStats{Batches: st.Batches - before.Batches, Grouped: st.Grouped - before.Grouped, Alone: st.Alone - before.Alone}); got != (command.ClaimGroupStats{Batches: 1, Grouped: 1, Alone: 1}) {
+	if got := (command.ClaimGroupStats{Batches: st.Batches - before.Batches, Grouped: st.Grouped - before.Grouped, Alone: st.Alone - before.Alone, Failed: st.Failed - before.Failed}); got != (command.ClaimGroupStats{Batches: 1, Grouped: 1, Alone: 1}) {
 		t.Fatalf("group did %+v; want the failing tenant's next create alone, the other's grouped", got)
 	}
 }
@@ -197,5 +197,46 @@ func TestACreateWithdrawnFromTheQueueWritesNothing(t *testing.T) {
 	}
 	if r, err := create(ctx, "t1", "gone"); err != nil || r.Status != http.StatusCreated || r.Replayed {
 		t.Fatalf("the withdrawn key's retry: %+v %v; want a fresh 201", r, err)
+	}
+}
+
+// A tenant whose create failed a batch has its other queued creates taken
+// out of the queue and sent alone at once: four failing creates queued in
+// batches of two fail one batch, not four.
+func TestAStruckTenantsQueuedCreatesGoAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour, GroupSlots: 1, GroupMaxBatch: 2})
+	command.HoldGroupBatches(idem, "10s")
+	create := groupCreates(idem)
+	for i := range 4 {
+		if r, err := create(ctx, "t1", fmt.Sprintf("old%d", i)); err != nil || r.Status != http.StatusCreated {
+			t.Fatalf("first create of old%d: %+v %v", i, r, err)
+		}
+	}
+	if _, err := db.Exec(ctx, `DELETE FROM idempotency_keys`); err != nil { // as the janitor would
+		t.Fatal(err)
+	}
+	release := holdKey(t, db, "t0", "held")
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = create(ctx, "t0", "held") })
+	waitingForLock(t, db)
+	statuses := make([]int, 8)
+	for i := range 4 {
+		wg.Go(func() { r, _ := create(ctx, "t1", fmt.Sprintf("old%d", i)); statuses[i] = r.Status })
+		wg.Go(func() { r, _ := create(ctx, "t2", fmt.Sprintf("k%d", i)); statuses[4+i] = r.Status })
+	}
+	testenv.Eventually(t, 10*time.Second, "8 creates queued", func() bool { return command.GroupQueued(idem) == 8 })
+	before := idem.GroupStats()
+	release()
+	wg.Wait()
+	for i, st := range statuses {
+		if want := map[bool]int{true: http.StatusConflict, false: http.StatusCreated}[i < 4]; st != want {
+			t.Fatalf("create %d answered %d, want %d", i, st, want)
+		}
+	}
+	if failed := idem.GroupStats().Failed - before.Failed; failed != 1 {
+		t.Fatalf("%d batches failed; want 1: the struck tenant's queued creates must not fail more", failed)
 	}
 }

@@ -119,15 +119,17 @@ type Executor func(ctx context.Context, tx pgx.Tx) (Response, error)
 // A Preclaim runs a command whose response is known before it runs and
 // whose writes fit in the statement that claims the key: a create, which
 // mints its order's id and writes rows nobody else has. DoPreclaimed sends
-// that statement alone, as a transaction of its own: it inserts the key row
-// with the response already in it and, only if that insert claimed the key,
-// writes the command's rows; the batch's one Sync commits it. A create so
-// costs one round trip, where BEGIN, the claim, the command, storing the
-// response (KeyComplete) and COMMIT cost five. If the key exists (a retry,
-// or a request that held it and ended), or the command's writes meet a
-// conflict of their own, or the statement timed out on a lock other than
-// the key's, that transaction writes nothing and DoPreclaimed goes on as
-// Do with Otherwise.
+// that statement in a pipeline whose one Sync commits it: it inserts the key
+// row with the response already in it and, only if that insert claimed the
+// key, writes the command's rows. A create so costs one round trip, where
+// BEGIN, the claim, the command, storing the response (KeyComplete) and
+// COMMIT cost five. With the group on (GroupSlots), concurrent creates'
+// statements share that pipeline and its commit (claimGroup); a statement
+// that fails its group's transaction is sent again alone, as a transaction
+// of its own. If the key exists (a retry, or a request that held it and
+// ended), or the command's writes meet a conflict of their own, or the
+// statement timed out on a lock other than the key's, nothing of it is
+// written and DoPreclaimed goes on as Do with Otherwise.
 type Preclaim struct {
 	// Response is what the command answers when its writes go through;
 	// stored with the key. It must be storable: 2xx to 4xx, not 404, not
@@ -138,8 +140,8 @@ type Preclaim struct {
 	// columns: k's expires_at and took (NULL if the key was not claimed) and
 	// the number of rows the command wrote (more than 0 if it claimed the
 	// key). Writes that meet a conflict of their own must raise (a unique
-	// violation, say), never skip: the statement commits as it ends, and a
-	// key row must never commit without them. Its parameters $1 to $11 are
+	// violation, say), never skip: the transaction commits as the statement
+	// ends (with its group's), and a key row must never commit without them. Its parameters $1 to $11 are
 	// the key's, as KeyInsertCTE names them; Args returns $12 on, given the
 	// context of the command's span (so that trace context it writes names
 	// the command).
@@ -300,7 +302,8 @@ func (s *Idempotency) GroupStats() ClaimGroupStats {
 	if s.group == nil {
 		return ClaimGroupStats{}
 	}
-	return ClaimGroupStats{Batches: s.group.batches.Load(), Grouped: s.group.grouped.Load(), Alone: s.group.alone.Load()}
+	return ClaimGroupStats{Batches: s.group.batches.Load(), Grouped: s.group.grouped.Load(), Alone: s.group.alone.Load(),
+		Failed: s.group.failed.Load()}
 }
 
 // Do executes exec once for req, in one transaction with the key row, and
@@ -393,8 +396,9 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 	return res, nil
 }
 
-// preclaim sends pre's statement as a transaction of its own (see
-// Preclaim) and sets res if it claimed the key. done is false, with nothing
+// preclaim sends pre's statement with its group's (if the group is on and
+// takes it) or as a transaction of its own (see Preclaim), and sets res if
+// it claimed the key. done is false, with nothing
 // written, if the key exists or the statement raised a conflict of the
 // command's own or a serialization failure: the caller then goes Do's way.
 // The wait bound (lock_timeout) holds for the whole transaction, the
@@ -418,6 +422,7 @@ func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canoni
 		}
 		if grouped = c.err == nil; grouped {
 			expiresAt, keyTook, rows = c.expiresAt, c.took, c.rows
+			start = c.sent // not the time queued: a key that exists waited only in its batch
 		}
 	}
 	if !grouped { // alone: in a transaction of its own, with the request's wait bound

@@ -102,7 +102,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		maxInFlight = env.Int(fs, "max-in-flight", "MAX_IN_FLIGHT", httpapi.DefaultMaxInFlight, "most /v1 requests served at once; the rest get 429 with Retry-After")
 		tenantInFlight = env.Int(fs, "tenant-max-in-flight", "TENANT_MAX_IN_FLIGHT", httpapi.DefaultTenantMaxInFlight, "most /v1 requests of one tenant served at once; its excess gets 429 tenant-overloaded")
 		tenantDBShare = env.Int(fs, "tenant-db-share", "TENANT_DB_SHARE", 0, "most of this api's PostgreSQL connections one tenant's requests hold at once, its other requests waiting for them (0: three quarters of -db-pool-size)")
-		createGroupSlots = env.Int(fs, "create-group-slots", "CREATE_GROUP_SLOTS", DefaultCreateGroupSlots, "most batches of concurrent creates committing at once, each one transaction and one WAL flush for its creates (0: every create commits alone)")
+		createGroupSlots = env.Int(fs, "create-group-slots", "CREATE_GROUP_SLOTS", -1, fmt.Sprintf("most batches of concurrent creates committing at once, each one transaction and one WAL flush for its creates, at most half the pool's connections (0: every create commits alone; -1: %d, or half the pool if smaller)", DefaultCreateGroupSlots))
 		tenantWaiting = env.Int(fs, "tenant-max-waiting", "TENANT_MAX_WAITING", httpapi.DefaultTenantMaxWaiting, "most reads with min_version or min_position of one tenant in flight at once (at most -tenant-max-in-flight)")
 		tenantRate = env.Int(fs, "tenant-rate", "TENANT_RATE", int(httpapi.DefaultTenantRate), "requests per second of one tenant (token bucket); its excess gets 429 tenant-rate-limited")
 		tenantBurst = env.Int(fs, "tenant-burst", "TENANT_BURST", httpapi.DefaultTenantBurst, "token bucket size of -tenant-rate")
@@ -160,8 +160,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-stream-replicas must be 1 to %d, got %d", stream.MaxReplicas, c.replicas)
 		case c.poolSize < 4:
 			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
-		case c.createGroupSlots < 0 || c.createGroupSlots > c.poolSize/2:
-			return c, fmt.Errorf("-create-group-slots must be 0 to half of -db-pool-size (%d), got %d", c.poolSize/2, c.createGroupSlots)
+		case c.createGroupSlots < -1:
+			return c, fmt.Errorf("-create-group-slots must be -1 (the default), 0 (off) or more, got %d", c.createGroupSlots)
 		case c.tenantDBShare < 0:
 			return c, fmt.Errorf("-tenant-db-share must not be negative, got %d", c.tenantDBShare)
 		case c.maxInFlight < 1:
@@ -322,6 +322,10 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	if share > poolMax {
 		return fmt.Errorf("-tenant-db-share must be 1 to the pool's %d connections, got %d", poolMax, share)
 	}
+	groupSlots, err := createGroupSlots(cfg.createGroupSlots, poolMax)
+	if err != nil {
+		return err
+	}
 	shares, err := postgres.NewShares(pool, share)
 	if err != nil {
 		return err
@@ -329,7 +333,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	idem, err := command.NewIdempotency(shares, command.IdempotencyConfig{
 		TTL: cfg.keyTTL, KeyQuota: cfg.keyQuota, KeyQuotaBytes: int64(cfg.keyQuotaBytes), KeyQuotaRefresh: cfg.keyQuotaRefresh, WaitSeconds: keyWait,
 		AfterCommit: func() { wakeRelay() },
-		GroupSlots:  cfg.createGroupSlots,
+		GroupSlots:  groupSlots,
 	})
 	if err != nil {
 		return err
@@ -345,7 +349,8 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		counter("idempotency_wait_timeouts_total", "requests answered 409 after waiting", func() int64 { return idem.Stats().WaitTimeouts }),
 		counter("create_group_batches_total", "batches of creates committed together", func() int64 { return idem.GroupStats().Batches }),
 		counter("create_group_creates_total", "creates committed in those batches", func() int64 { return idem.GroupStats().Grouped }),
-		counter("create_group_alone_total", "creates a failed batch sent alone", func() int64 { return idem.GroupStats().Alone }),
+		counter("create_group_alone_total", "creates sent alone: their batch failed, or their tenant was struck for failing one", func() int64 { return idem.GroupStats().Alone }),
+		counter("create_group_failed_batches_total", "batches of creates that failed (sent again without the failing tenant's creates)", func() int64 { return idem.GroupStats().Failed }),
 	}
 
 	// Background work stops after the HTTP server has drained.
@@ -497,4 +502,17 @@ func backlogMetrics(ctx context.Context, pool *pgxpool.Pool) []metrics.Metric {
 		{Name: "outbox_backlog_events", Help: "outbox events not yet published", Read: read(func(b outbox.Backlog) float64 { return float64(b.Rows) })},
 		{Name: "outbox_oldest_unpublished_seconds", Help: "age of the oldest unpublished outbox event", Read: read(func(b outbox.Backlog) float64 { return b.OldestAge.Seconds() })},
 	}
+}
+
+// createGroupSlots is the group commit's slots for -create-group-slots
+// flag (-1: the default) on a pool of poolMax connections, whatever set its
+// size: batches of creates hold at most half the pool.
+func createGroupSlots(flag, poolMax int) (int, error) {
+	if flag == -1 {
+		return min(DefaultCreateGroupSlots, poolMax/2), nil
+	}
+	if flag > poolMax/2 {
+		return 0, fmt.Errorf("-create-group-slots must be 0 to half of the pool's %d connections (%d), got %d", poolMax, poolMax/2, flag)
+	}
+	return flag, nil
 }

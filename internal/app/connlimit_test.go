@@ -573,3 +573,20 @@ func TestConnLimitKeepsAConnectionWhoseClientReadsSlowly(t *testing.T) {
 		t.Logf("the reader got %d bytes", n)
 	}
 }
+
+// The group commit's default fits any pool the api accepts (-db-pool-size
+// 4 gets 2 slots), and a setting above half the pool, however its size
+// was set, is refused.
+func TestCreateGroupSlotsFitThePool(t *testing.T) {
+	for _, c := range []struct{ flag, pool, want int }{{-1, 20, 4}, {-1, 4, 2}, {-1, 7, 3}, {0, 4, 0}, {10, 20, 10}} {
+		if got, err := createGroupSlots(c.flag, c.pool); err != nil || got != c.want {
+			t.Errorf("createGroupSlots(%d, pool %d) = %d, %v; want %d", c.flag, c.pool, got, err, c.want)
+		}
+	}
+	if _, err := createGroupSlots(4, 4); err == nil || !strings.Contains(err.Error(), "-create-group-slots") {
+		t.Errorf("4 slots on a pool of 4: %v; want an error naming -create-group-slots", err)
+	}
+	if _, err := parseAPIConfig("", nil, NewEnv(func(k string) string { return map[string]string{"DB_POOL_SIZE": "4"}[k] })); err != nil {
+		t.Errorf("DB_POOL_SIZE=4 with the default group slots: %v", err)
+	}
+}

@@ -78,6 +78,30 @@ func (r *runner) settle(ctx context.Context) error {
 	return nil
 }
 
+// groupCeiling is how many creates one transaction of the grouped minimal
+// ceiling holds: what the api's group commit forms at 64 clients with its
+// default 4 slots (the rest wait in the queue).
+const groupCeiling = 16
+
+// groupedCeiling measures, and adds as a row, the minimal create grouped as
+// the api's group commit groups it: groupCeiling creates per transaction,
+// with clients creates in flight (clients / groupCeiling pgbench clients),
+// and the ratio of apiOnly (create, api only, at clients) to it.
+func (r *runner) groupedCeiling(ctx context.Context, clients int, apiOnly float64) error {
+	if err := r.settle(ctx); err != nil {
+		return err
+	}
+	tps, err := r.pgbench(ctx, ceilingDB, "create-minimal-grouped", minimalGroupedCreateScript(groupCeiling), max(1, clients/groupCeiling))
+	if err != nil {
+		return err
+	}
+	rate := tps * groupCeiling
+	r.add(Row{Name: fmt.Sprintf("minimal create ceiling, %d per transaction (ratio: api only's)", groupCeiling), Clients: clients, Rate: rate,
+		Ratio: apiOnly / rate,
+		Note:  fmt.Sprintf("the least work of a create whose commit is shared, %d transactions in flight; ratio: create (api only) of it", max(1, clients/groupCeiling))})
+	return nil
+}
+
 // creates measures, at each number of clients, the minimal and the own-SQL
 // create ceilings and create with the whole pipeline on; then, at the most
 // clients, create with the api alone (relay and projector off) and how
@@ -133,6 +157,10 @@ func (r *runner) creates(ctx context.Context) (float64, error) {
 	row.Note = "relay and projector off; " + row.Note
 	r.add(row)
 	if err := r.restartAPI(ctx, true); err != nil {
+		return 0, err
+	}
+	// After the restart: its settle waits for the pipeline to catch up.
+	if err := r.groupedCeiling(ctx, most, row.Rate); err != nil {
 		return 0, err
 	}
 	// What the api-only phase left in the outbox is not the burst's.

@@ -195,23 +195,33 @@ const (
 // create must write in one transaction: the key row (tenant, key, a 32-byte
 // fingerprint, the stored response), the order row (its items as jsonb)
 // and one outbox row with the event's envelope. No statement of ours.
-func minimalCreateScript() string {
-	const (
-		orderID = `md5('o' || :n)::uuid`
-		eventID = `md5('e' || :n)::uuid`
-	)
-	envelope := `jsonb_build_object('id', ` + eventID + `, 'type', 'order.created', 'schema_version', 1, 'tenant_id', 'bench', ` +
-		`'aggregate_id', ` + orderID + `, 'aggregate_version', 1, 'occurred_at', now(), 'trace', '00-' || md5('t' || :n) || '-' || left(md5('s' || :n), 16) || '-01', ` +
-		`'data', jsonb_build_object('customer_id', 'c-1', 'status', 'pending', 'currency', 'EUR', 'total', 4990, 'created_at', now(), 'items', '` + minimalItems + `'::jsonb))`
-	return script([]string{
-		`\startpipeline`, // one round trip: the least a transaction of three statements needs
-		`INSERT INTO ceiling.idempotency_keys (tenant_id, key, fingerprint, status, response, expires_at) VALUES ` +
-			`('bench', 'pgbench-' || :n, sha256(:n::text::bytea), 201, convert_to(` + minimalResponse + `, 'UTF8'), now() + interval '1 day')`,
-		`INSERT INTO ceiling.orders (tenant_id, id, customer_id, status, currency, total, version, items, created_at) VALUES ` +
-			`('bench', ` + orderID + `, 'c-1', 'pending', 'EUR', 4990, 1, '` + minimalItems + `', now())`,
-		`INSERT INTO ceiling.outbox (id, payload) VALUES (` + eventID + `, ` + envelope + `)`,
-		`\endpipeline`,
-	})
+func minimalCreateScript() string { return minimalGroupedCreateScript(1) }
+
+// minimalGroupedCreateScript is minimalCreateScript with group creates in
+// each transaction (one pipeline, one commit): the least work of a create
+// whose commit is shared, as the api's group commit shares it
+// (command.IdempotencyConfig.GroupSlots).
+func minimalGroupedCreateScript(group int) string {
+	statements := []string{`\startpipeline`} // one round trip: the least a transaction of three statements needs
+	for i := range group {
+		n := ":n"
+		if group > 1 {
+			n = fmt.Sprintf(":n || '-%d'", i)
+		}
+		orderID := `md5('o' || ` + n + `)::uuid`
+		eventID := `md5('e' || ` + n + `)::uuid`
+		response := strings.ReplaceAll(minimalResponse, "md5('o' || :n)", "md5('o' || "+n+")")
+		envelope := `jsonb_build_object('id', ` + eventID + `, 'type', 'order.created', 'schema_version', 1, 'tenant_id', 'bench', ` +
+			`'aggregate_id', ` + orderID + `, 'aggregate_version', 1, 'occurred_at', now(), 'trace', '00-' || md5('t' || ` + n + `) || '-' || left(md5('s' || ` + n + `), 16) || '-01', ` +
+			`'data', jsonb_build_object('customer_id', 'c-1', 'status', 'pending', 'currency', 'EUR', 'total', 4990, 'created_at', now(), 'items', '` + minimalItems + `'::jsonb))`
+		statements = append(statements,
+			`INSERT INTO ceiling.idempotency_keys (tenant_id, key, fingerprint, status, response, expires_at) VALUES `+
+				`('bench', 'pgbench-' || `+n+`, sha256((`+n+`)::text::bytea), 201, convert_to(`+response+`, 'UTF8'), now() + interval '1 day')`,
+			`INSERT INTO ceiling.orders (tenant_id, id, customer_id, status, currency, total, version, items, created_at) VALUES `+
+				`('bench', `+orderID+`, 'c-1', 'pending', 'EUR', 4990, 1, '`+minimalItems+`', now())`,
+			`INSERT INTO ceiling.outbox (id, payload) VALUES (`+eventID+`, `+envelope+`)`)
+	}
+	return script(append(statements, `\endpipeline`))
 }
 
 // minimalApplyScript renders, as a pgbench script, the least one

@@ -27,8 +27,9 @@ func TestScriptsRunInPgbench(t *testing.T) {
 		"create": createOrderScript(),
 		"relay":  publishScript(outbox.DefaultBatchSize, outbox.DefaultWorkers),
 		// The minimal ceilings, on their own schema.
-		"create-minimal": minimalCreateScript(),
-		"apply-minimal":  minimalApplyScript(10),
+		"create-minimal":         minimalCreateScript(),
+		"create-minimal-grouped": minimalGroupedCreateScript(4),
+		"apply-minimal":          minimalApplyScript(10),
 	}
 	for _, name := range []string{"order_views", "customer_summaries", "daily_sales"} {
 		s, err := applyScript(name, 10)

@@ -25,8 +25,9 @@ import (
 // under load the batches grow with the queue.
 //
 // A batch that fails commits nothing, and nothing in it is lost. The
-// claims of the tenant whose statement failed (a key in flight elsewhere,
-// a key that created an order before, a lock timeout) go alone, each as it
+// claims of the tenant whose statement failed for its own rows (a key in
+// flight elsewhere past the batch's lock timeout, a key that created an
+// order before) go alone, each as it
 // did before the group existed (Idempotency.preclaim's single statement),
 // and the others are sent again; after groupAttempts failures every claim
 // of the batch goes alone. A batch whose outcome is unknown (the
@@ -41,7 +42,8 @@ import (
 // tenant whose statement failed a batch has its queued creates taken out
 // and sends its creates alone for groupStrike, so that its failing creates
 // (on purpose or not) cost the others at most one batch sent again per
-// groupStrike, not every batch.
+// slot in flight per groupStrike, not every batch. Any other failure (a
+// lock on a table, the commit, the connection) sends the batch alone.
 //
 // Each lock wait of a batch is bounded by groupLockTimeout (PostgreSQL
 // bounds each wait, not their sum). A create whose batch committed but whose

@@ -43,8 +43,8 @@ func TestAGroupBatchTakesTenantsInTurn(t *testing.T) {
 		t.Fatalf("first batch %v, want %v", first, want)
 	}
 	second := names(g.take())
-	// quiet's second "a" waited for this batch; noisy went to the end of
-	// the turns after it was served first.
+	// quiet's second "a" waited for this batch, which starts after noisy,
+	// the tenant served last (other's queue is empty now).
 	want = []string{"quiet/a", "noisy/k2", "quiet/b", "noisy/k3"}
 	if fmt.Sprint(second) != fmt.Sprint(want) {
 		t.Fatalf("second batch %v, want %v", second, want)

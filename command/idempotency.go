@@ -422,10 +422,13 @@ func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canoni
 		}
 		if grouped = c.err == nil; grouped {
 			expiresAt, keyTook, rows = c.expiresAt, c.took, c.rows
-			start = c.sent // not the time queued: a key that exists waited only in its batch
+			if keyTook == nil { // the key existed: the batch's round trip is no wait for it
+				keyTook = new(float64)
+			}
 		}
 	}
 	if !grouped { // alone: in a transaction of its own, with the request's wait bound
+		start = time.Now() // not the time it spent in the group
 		b := &pgx.Batch{}
 		b.Queue(KeyLockTimeout, lockTimeout(wait)) // local: it ends with the batch's transaction
 		b.Queue(pre.SQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&expiresAt, &keyTook, &rows) })

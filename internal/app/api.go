@@ -101,7 +101,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		maxConns = env.Int(fs, "max-conns", "MAX_CONNS", DefaultAPIMaxConns, "most client connections open at once; past it the longest-idle one is closed, or a new one waits in the kernel's accept queue")
 		maxInFlight = env.Int(fs, "max-in-flight", "MAX_IN_FLIGHT", httpapi.DefaultMaxInFlight, "most /v1 requests served at once; the rest get 429 with Retry-After")
 		tenantInFlight = env.Int(fs, "tenant-max-in-flight", "TENANT_MAX_IN_FLIGHT", httpapi.DefaultTenantMaxInFlight, "most /v1 requests of one tenant served at once; its excess gets 429 tenant-overloaded")
-		tenantDBShare = env.Int(fs, "tenant-db-share", "TENANT_DB_SHARE", 0, "most of this api's PostgreSQL connections one tenant's requests hold at once, its other requests waiting for them (0: three quarters of -db-pool-size)")
+		tenantDBShare = env.Int(fs, "tenant-db-share", "TENANT_DB_SHARE", 0, "most of this api's PostgreSQL connections one tenant's requests hold at once, its other requests waiting for them (0: three quarters of what -create-group-slots leave of -db-pool-size)")
 		createGroupSlots = env.Int(fs, "create-group-slots", "CREATE_GROUP_SLOTS", -1, fmt.Sprintf("most batches of concurrent creates committing at once, each one transaction and one WAL flush for its creates, at most half the pool's connections (0: every create commits alone; -1: %d, or half the pool if smaller)", DefaultCreateGroupSlots))
 		tenantWaiting = env.Int(fs, "tenant-max-waiting", "TENANT_MAX_WAITING", httpapi.DefaultTenantMaxWaiting, "most reads with min_version or min_position of one tenant in flight at once (at most -tenant-max-in-flight)")
 		tenantRate = env.Int(fs, "tenant-rate", "TENANT_RATE", int(httpapi.DefaultTenantRate), "requests per second of one tenant (token bucket); its excess gets 429 tenant-rate-limited")
@@ -315,16 +315,20 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	// The pool's own size: a pool_max_conns in DATABASE_URL wins over
 	// -db-pool-size.
 	poolMax := int(pool.Config().MaxConns)
-	share := cfg.tenantDBShare
-	if share == 0 {
-		share = max(1, poolMax*3/4)
-	}
-	if share > poolMax {
-		return fmt.Errorf("-tenant-db-share must be 1 to the pool's %d connections, got %d", poolMax, share)
-	}
+	// The group commit's batches (their creates are many tenants') count
+	// against no tenant's share, so the default share is three quarters
+	// of what they leave: one tenant's statements and batches full of its
+	// creates still leave a quarter of that to the others.
 	groupSlots, err := createGroupSlots(cfg.createGroupSlots, poolMax)
 	if err != nil {
 		return err
+	}
+	share := cfg.tenantDBShare
+	if share == 0 {
+		share = max(1, (poolMax-groupSlots)*3/4)
+	}
+	if share > poolMax {
+		return fmt.Errorf("-tenant-db-share must be 1 to the pool's %d connections, got %d", poolMax, share)
 	}
 	shares, err := postgres.NewShares(pool, share)
 	if err != nil {
@@ -350,7 +354,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		counter("create_group_batches_total", "batches of creates committed together", func() int64 { return idem.GroupStats().Batches }),
 		counter("create_group_creates_total", "creates committed in those batches", func() int64 { return idem.GroupStats().Grouped }),
 		counter("create_group_alone_total", "creates sent alone: their batch failed, or their tenant was struck for failing one", func() int64 { return idem.GroupStats().Alone }),
-		counter("create_group_failed_batches_total", "batches of creates that failed (sent again without the failing tenant's creates)", func() int64 { return idem.GroupStats().Failed }),
+		counter("create_group_failed_batches_total", "batches of creates that failed (sent again without the failing tenant's creates, or all alone)", func() int64 { return idem.GroupStats().Failed }),
 	}
 
 	// Background work stops after the HTTP server has drained.

@@ -452,7 +452,17 @@ func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canoni
 	case err != nil:
 		return false, fmt.Errorf("claim idempotency key: %w", err)
 	case expiresAt == nil:
-		return false, nil
+		// The key is stored: the claim waited for any request holding it,
+		// so its row is committed, and a committed key row does not change
+		// until it expires. A retry of a create (the common duplicate) so
+		// reads it in one statement outside a transaction and replays,
+		// where the keyed transaction took four round trips; a row that
+		// expired or went in between goes Do's way.
+		k, found, err := s.stored(ctx, s.db, req)
+		if err != nil || !found || k.expired {
+			return false, err
+		}
+		return true, s.replay(k, req, fp, canonical, res, outcome)
 	case rows == 0:
 		// Committed already: a claim statement that skips its writes breaks
 		// Preclaim's contract, and its key row now holds a response for
@@ -575,7 +585,7 @@ func sentNotStored(r Response) bool { return r.Status == http.StatusNotFound || 
 var errUnstored = errors.New("response not stored")
 
 // stored reads the key's stored row; found is false if there is none.
-func (s *Idempotency) stored(ctx context.Context, tx pgx.Tx, req KeyedRequest) (k storedKey, found bool, err error) {
+func (s *Idempotency) stored(ctx context.Context, tx queryRower, req KeyedRequest) (k storedKey, found bool, err error) {
 	err = tx.QueryRow(ctx, keyGet, req.TenantID, req.Key).Scan(
 		&k.scope, &k.fingerprint, &k.fingerprintVersion, &k.request, &k.status, &k.header, &k.body, &k.expiresAt, &k.expired)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -721,6 +731,11 @@ func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp
 	start := time.Now()
 	err = tx.SendBatch(ctx, b).Close()
 	return claimed, expiresAt, time.Since(start), err
+}
+
+// queryRower is a transaction, or the pool for a statement of its own.
+type queryRower interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 type storedKey struct {

@@ -3,7 +3,10 @@ package command_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -293,5 +296,57 @@ func TestPreclaimedCreateOfAnExpiredKeyCommitsOnlyTheRefusal(t *testing.T) {
 	var timeout string
 	if err := db.QueryRow(ctx, `SHOW lock_timeout`).Scan(&timeout); err != nil || timeout != "0" {
 		t.Fatalf("lock_timeout on the pooled connection: %q %v; want 0 (the default)", timeout, err)
+	}
+}
+
+// beginCounter counts the transactions a pool's connections begin.
+type beginCounter struct{ n atomic.Int64 }
+
+func (c *beginCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.EqualFold(strings.TrimSpace(d.SQL), "begin") {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *beginCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A retry of a create whose key is stored replays from one read outside a
+// transaction, after the claim statement found the key: no keyed
+// transaction (which cost four round trips). A retry with another body is
+// still refused, and one whose key row expired still goes the keyed way
+// (its row is deleted and claimed anew).
+func TestARetriedCreateReplaysWithoutATransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	begins := &beginCounter{}
+	db := tunedPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = begins })
+	for _, group := range []int{0, 2} {
+		idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour, GroupSlots: group})
+		run := creates(idem, time.Second)
+		key := fmt.Sprintf("k-%d", group)
+		first, err := run(key, "c-1")
+		if err != nil || first.Status != http.StatusCreated || first.Replayed {
+			t.Fatalf("group %d: create: %+v %v", group, first, err)
+		}
+		before := begins.n.Load()
+		again, err := run(key, "c-1")
+		if err != nil || !again.Replayed || string(again.Body) != string(first.Body) {
+			t.Fatalf("group %d: retry: %+v %v; want the stored response replayed", group, again, err)
+		}
+		if n := begins.n.Load() - before; n != 0 {
+			t.Fatalf("group %d: the replay began %d transactions, want none", group, n)
+		}
+		var mismatch *command.MismatchError
+		if _, err := run(key, "c-2"); !errors.As(err, &mismatch) {
+			t.Fatalf("group %d: the key with another body: %v; want a *MismatchError", group, err)
+		}
+		if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE key = $1`, key); err != nil {
+			t.Fatal(err)
+		}
+		late, err := run(key, "c-1")
+		if err != nil || late.Status != http.StatusConflict || late.Replayed {
+			t.Fatalf("group %d: retry after the key expired: %+v %v; want a fresh 409 (the order exists)", group, late, err)
+		}
 	}
 }

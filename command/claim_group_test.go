@@ -44,6 +44,17 @@ func holdKey(t *testing.T, db *pgxpool.Pool, tenant, key string) (release func()
 	return release
 }
 
+// heldGroup returns a test database and an Idempotency whose create group
+// has one slot, batches of maxBatch (0: the default) and batches that wait
+// up to 10 s for a lock, so that a held key holds the slot.
+func heldGroup(t *testing.T, maxBatch int) (*pgxpool.Pool, *command.Idempotency, func(ctx context.Context, tenant, key string) (command.Result, error)) {
+	t.Helper()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour, GroupSlots: 1, GroupMaxBatch: maxBatch})
+	command.HoldGroupBatches(idem, "10s")
+	return db, idem, groupCreates(idem)
+}
+
 // waitingForLock waits until a backend of db waits for a lock (the batch
 // in flight, waiting for a held key).
 func waitingForLock(t *testing.T, db *pgxpool.Pool) {
@@ -101,10 +112,7 @@ func TestConcurrentCreatesCommitInGroupsEachOnce(t *testing.T) {
 func TestACreateThatFailsInItsBatchFailsOnlyItself(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour, GroupSlots: 1})
-	command.HoldGroupBatches(idem, "10s")
-	create := groupCreates(idem)
+	db, idem, create := heldGroup(t, 0)
 	if r, err := create(ctx, "t1", "old"); err != nil || r.Status != http.StatusCreated {
 		t.Fatalf("first create of old: %+v %v", r, err)
 	}
@@ -170,10 +178,7 @@ func TestACreateThatFailsInItsBatchFailsOnlyItself(t *testing.T) {
 func TestACreateWithdrawnFromTheQueueWritesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour, GroupSlots: 1})
-	command.HoldGroupBatches(idem, "10s")
-	create := groupCreates(idem)
+	db, idem, create := heldGroup(t, 0)
 	release := holdKey(t, db, "t1", "held")
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = create(ctx, "t1", "held") })
@@ -206,10 +211,7 @@ func TestACreateWithdrawnFromTheQueueWritesNothing(t *testing.T) {
 func TestAStruckTenantsQueuedCreatesGoAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	idem := newIdem(t, db, command.IdempotencyConfig{KeyQuotaRefresh: time.Hour, GroupSlots: 1, GroupMaxBatch: 2})
-	command.HoldGroupBatches(idem, "10s")
-	create := groupCreates(idem)
+	db, idem, create := heldGroup(t, 2)
 	for i := range 4 {
 		if r, err := create(ctx, "t1", fmt.Sprintf("old%d", i)); err != nil || r.Status != http.StatusCreated {
 			t.Fatalf("first create of old%d: %+v %v", i, r, err)

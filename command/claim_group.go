@@ -48,7 +48,9 @@ import (
 // Each lock wait of a batch is bounded by groupLockTimeout (PostgreSQL
 // bounds each wait, not their sum). A create whose batch committed but whose
 // answer was lost (the connection broke) finds its key stored when it goes
-// alone, and answers with that stored response, marked replayed.
+// alone, and answers with that stored response, marked replayed (its relay
+// wake-up and its key-quota credit are then left to the relay's poll and
+// the quota's recount).
 type claimGroup struct {
 	db       postgres.DB
 	slots    int // batches in flight at most

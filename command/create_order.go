@@ -67,7 +67,8 @@ func (h CreateOrderHandler) Run(ctx context.Context, idem *Idempotency, req Orde
 		Args: func(ctx context.Context) []any {
 			return orderCreateArgs(ctx, order, req.Command.Key, env)
 		},
-		// The key existed, or it created an order before: the general way.
+		// The key's row expired or went since the claim found it, or the
+		// key created an order before: the general way.
 		Otherwise: executor(h, req.Command, render),
 	})
 }

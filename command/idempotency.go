@@ -126,10 +126,12 @@ type Executor func(ctx context.Context, tx pgx.Tx) (Response, error)
 // COMMIT cost five. With the group on (GroupSlots), concurrent creates'
 // statements share that pipeline and its commit (claimGroup); a statement
 // that fails its group's transaction is sent again alone, as a transaction
-// of its own. If the key exists (a retry, or a request that held it and
-// ended), or the command's writes meet a conflict of their own, or the
-// statement timed out on a lock other than the key's, nothing of it is
-// written and DoPreclaimed goes on as Do with Otherwise.
+// of its own. If the key is stored (a retry, or a request that held it
+// and ended), the statement writes nothing and the stored row, read in one
+// statement, is replayed or refused (a mismatch). If that row expired or
+// went in between, or the command's writes meet a conflict of their own,
+// or the statement timed out on a lock other than the key's, nothing of it
+// is written and DoPreclaimed goes on as Do with Otherwise.
 type Preclaim struct {
 	// Response is what the command answers when its writes go through;
 	// stored with the key. It must be storable: 2xx to 4xx, not 404, not
@@ -398,9 +400,10 @@ func (s *Idempotency) do(ctx context.Context, req KeyedRequest, wait time.Durati
 
 // preclaim sends pre's statement with its group's (if the group is on and
 // takes it) or as a transaction of its own (see Preclaim), and sets res if
-// it claimed the key. done is false, with nothing
-// written, if the key exists or the statement raised a conflict of the
-// command's own or a serialization failure: the caller then goes Do's way.
+// it claimed the key, or replays (or refuses) the stored key it found.
+// done is false, with nothing written, if the key it found expired or went
+// since, or the statement raised a conflict of the command's own or a
+// serialization failure: the caller then goes Do's way.
 // The wait bound (lock_timeout) holds for the whole transaction, the
 // command's writes included: a lock timeout on anything but the key (its
 // tables' extension, DDL) also leaves nothing written and goes Do's way,
@@ -452,9 +455,10 @@ func (s *Idempotency) preclaim(ctx context.Context, req KeyedRequest, fp, canoni
 	case err != nil:
 		return false, fmt.Errorf("claim idempotency key: %w", err)
 	case expiresAt == nil:
-		// The key is stored: the claim waited for any request holding it,
-		// so its row is committed, and a committed key row does not change
-		// until it expires. A retry of a create (the common duplicate) so
+		// The key is stored: the claim waited for any request holding it
+		// (and a batch never holds one key twice), so its row is committed,
+		// complete, and read here after the claim's own commit; a committed
+		// key row does not change until it expires. A retry of a create (the common duplicate) so
 		// reads it in one statement outside a transaction and replays,
 		// where the keyed transaction took four round trips; a row that
 		// expired or went in between goes Do's way.

@@ -398,7 +398,7 @@ func TestTrickledBodyDoesNotHoldAConnectionSlot(t *testing.T) {
 					}
 				})
 			}
-			waitFor(t, 5*time.Second, func() bool { return gaugeValue(t, reg, "orders_http_connections_open") == 2 })
+			testenv.Eventually(t, 5*time.Second, "both attackers' connections are open", func() bool { return gaugeValue(t, reg, "orders_http_connections_open") == 2 })
 
 			// Served once an attacker's body timeout has passed: in about
 			// bodyTimeout, not the 30 s of ReadTimeout.
@@ -417,22 +417,12 @@ func TestTrickledBodyDoesNotHoldAConnectionSlot(t *testing.T) {
 func dialUntilListening(t *testing.T, addr string) net.Conn {
 	t.Helper()
 	var c net.Conn
-	waitFor(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, "something listens on "+addr, func() bool {
 		var err error
 		c, err = net.Dial("tcp", addr)
 		return err == nil
 	})
 	return c
-}
-
-// waitFor polls cond until it holds, failing t if it does not within d.
-func waitFor(t *testing.T, d time.Duration, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(d); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not so within %s", d)
-		}
-	}
 }
 
 // gaugeValue is the value of the gauge name on reg (-1 if it has none).

@@ -65,3 +65,37 @@ func TestKeepMemoryBudgetYieldsToGOMEMLIMIT(t *testing.T) {
 		t.Fatalf("with GOMEMLIMIT set the limit became %d, want it left at %d", got, prev)
 	}
 }
+
+// keepMemoryBudget raises GOGC to APIGCPercent under the limit and puts it
+// back when stopped; GOGC or GOMEMLIMIT in the environment leave it alone.
+// Not parallel: GOGC is the process's.
+func TestKeepMemoryBudgetRaisesGOGCUnderItsLimit(t *testing.T) {
+	prevLimit := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(prevLimit) })
+	prev := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(prev) })
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	gcPercent := func() int { p := debug.SetGCPercent(-1); debug.SetGCPercent(p); return p }
+
+	stop := keepMemoryBudget(func(string) string { return "" }, 1<<40, logger)
+	if got := gcPercent(); got != APIGCPercent {
+		t.Errorf("kept: GOGC %d, want %d", got, APIGCPercent)
+	}
+	stop()
+	if got := gcPercent(); got != 100 {
+		t.Errorf("stopped: GOGC %d, want it put back to 100", got)
+	}
+
+	for set, v := range map[string]string{"GOGC": "200", "GOMEMLIMIT": "1GiB"} {
+		stop := keepMemoryBudget(func(k string) string {
+			if k == set {
+				return v
+			}
+			return ""
+		}, 1<<40, logger)
+		if got := gcPercent(); got != 100 {
+			t.Errorf("with %s=%s: GOGC %d, want it left at 100", set, v, got)
+		}
+		stop()
+	}
+}

@@ -49,7 +49,7 @@ func (h CreateOrderHandler) Handle(ctx context.Context, tx pgx.Tx, cmd CreateOrd
 // row (a Preclaim): one round trip, one transaction.
 func (h CreateOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderRequest[CreateOrder], render Render) (Result, error) {
 	keyed := KeyedRequest{TenantID: req.TenantID, Scope: req.Scope, Key: req.Key, Command: req.Command}
-	order, env, err := h.mint(req.Command)
+	order, ev, err := h.mint(req.Command)
 	if err != nil {
 		if domain.KindOf(err) == "" {
 			return Result{}, err
@@ -65,7 +65,7 @@ func (h CreateOrderHandler) Run(ctx context.Context, idem *Idempotency, req Orde
 		Response: resp,
 		SQL:      KeyedOrderCreateSQL,
 		Args: func(ctx context.Context) []any {
-			return orderCreateArgs(ctx, order, req.Command.Key, env)
+			return orderCreateArgs(ctx, order, req.Command.Key, ev)
 		},
 		// The key's row expired or went since the claim found it, or the
 		// key created an order before: the general way.
@@ -74,16 +74,16 @@ func (h CreateOrderHandler) Run(ctx context.Context, idem *Idempotency, req Orde
 }
 
 // mint builds the order cmd creates and its created event, or refuses cmd.
-func (h CreateOrderHandler) mint(cmd CreateOrder) (domain.Order, domain.Envelope, error) {
+func (h CreateOrderHandler) mint(cmd CreateOrder) (domain.Order, outboxEvent, error) {
 	order, created, err := domain.CreateOrder(newID(), cmd.TenantID, cmd.NewOrder, h.now())
 	if err != nil {
-		return domain.Order{}, domain.Envelope{}, err
+		return domain.Order{}, outboxEvent{}, err
 	}
-	env, err := domain.NewEnvelope(newID(), order, created, order.CreatedAt)
+	ev, err := newOutboxEvent(order, order.Version, created, order.CreatedAt)
 	if err != nil {
-		return domain.Order{}, domain.Envelope{}, err
+		return domain.Order{}, outboxEvent{}, err
 	}
-	return order, env, nil
+	return order, ev, nil
 }
 
 // createdBefore is the refusal of a create whose key created order existing
@@ -97,11 +97,11 @@ func createdBefore(existing uuid.UUID) error {
 }
 
 func (h CreateOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd CreateOrder) (domain.Order, bool, error) {
-	order, env, err := h.mint(cmd)
+	order, ev, err := h.mint(cmd)
 	if err != nil {
 		return domain.Order{}, false, err
 	}
-	existing, err := orderCreate(ctx, tx, order, cmd.Key, env)
+	existing, err := orderCreate(ctx, tx, order, cmd.Key, ev)
 	if err != nil {
 		return domain.Order{}, false, err
 	}

@@ -85,12 +85,12 @@ SET status = $3, version = $4, updated_at = $5, paid_at = $6, shipped_at = $7, c
 WHERE tenant_id = $1 AND id = $2 AND version = $4::bigint - $14::bigint`
 )
 
-// orderCreate writes a new order, its items and its created event env. If
+// orderCreate writes a new order, its items and its created event ev. If
 // an order created with the same key exists, it writes nothing and returns
 // that order's id.
-func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey string, env domain.Envelope) (existing uuid.UUID, err error) {
+func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey string, ev outboxEvent) (existing uuid.UUID, err error) {
 	var created int
-	if err := tx.QueryRow(ctx, OrderCreateSQL, orderCreateArgs(ctx, o, creatingKey, env)...).Scan(&created); err != nil {
+	if err := tx.QueryRow(ctx, OrderCreateSQL, orderCreateArgs(ctx, o, creatingKey, ev)...).Scan(&created); err != nil {
 		return uuid.Nil, fmt.Errorf("insert order: %w", err)
 	}
 	if created == 1 {
@@ -101,10 +101,10 @@ func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey str
 
 // orderCreateArgs are OrderCreateSQL's arguments for o, created under
 // creatingKey with its created event env.
-func orderCreateArgs(ctx context.Context, o domain.Order, creatingKey string, env domain.Envelope) []any {
+func orderCreateArgs(ctx context.Context, o domain.Order, creatingKey string, ev outboxEvent) []any {
 	traceparent, tracestate := tracing.Inject(ctx)
 	return []any{o.TenantID, o.ID, o.CustomerID, o.Status, o.Currency, o.Total, o.Version,
-		creatingKey, o.CreatedAt, o.Items, env.ID, env.Type, env,
+		creatingKey, o.CreatedAt, o.Items, ev.ID, ev.Type, ev.payload,
 		nullIfEmpty(traceparent), nullIfEmpty(tracestate)}
 }
 

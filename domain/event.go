@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -213,6 +214,61 @@ func NewEnvelopeAt(id uuid.UUID, o Order, version int64, e Event, occurredAt tim
 		OccurredAt:       occurredAt,
 		Data:             data,
 	}, nil
+}
+
+// AppendJSON appends e's JSON encoding to b: json.Marshal's, without its
+// reflection, and with Data appended as it is, where json.Marshal would
+// compact it again and escape HTML in it (Data from NewEnvelopeAt is
+// json.Marshal's already, so the bytes are the same; a decoded envelope's
+// is valid JSON, and the database normalises jsonb). The command side
+// sends it as the outbox row's payload: pgx would run json.Marshal on
+// every event written.
+// It fails where json.Marshal fails: on an OccurredAt outside years
+// 0–9999, or an empty (not nil) Data.
+func (e Envelope) AppendJSON(b []byte) ([]byte, error) {
+	b = append(b, `{"id":"`...)
+	b = append(b, e.ID.String()...)
+	b = append(b, `","type":`...)
+	b = appendJSONString(b, e.Type)
+	b = append(b, `,"schema_version":`...)
+	b = strconv.AppendInt(b, int64(e.SchemaVersion), 10)
+	b = append(b, `,"tenant_id":`...)
+	b = appendJSONString(b, e.TenantID)
+	b = append(b, `,"aggregate_id":"`...)
+	b = append(b, e.AggregateID.String()...)
+	b = append(b, `","aggregate_version":`...)
+	b = strconv.AppendInt(b, e.AggregateVersion, 10)
+	b = append(b, `,"occurred_at":`...)
+	at, err := e.OccurredAt.MarshalJSON()
+	if err != nil {
+		return nil, fmt.Errorf("encode %s event %s: %w", e.Type, e.ID, err)
+	}
+	b = append(b, at...)
+	b = append(b, `,"data":`...)
+	switch {
+	case e.Data == nil:
+		b = append(b, `null`...)
+	case len(e.Data) == 0:
+		return nil, fmt.Errorf("encode %s event %s: empty data", e.Type, e.ID)
+	default:
+		b = append(b, e.Data...)
+	}
+	return append(b, '}'), nil
+}
+
+// appendJSONString appends s as a JSON string, escaped as json.Marshal
+// escapes it: printable ASCII other than ", \, <, > and & as it is, the
+// rest by json.Marshal itself.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string always encodes
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // ErrMalformedEvent is returned by DecodeEnvelope and Envelope.Decode when a

@@ -65,3 +65,45 @@ func TestDecodeEnvelopeMalformed(t *testing.T) {
 		})
 	}
 }
+
+// AppendJSON writes what json.Marshal writes, byte for byte, whatever the
+// strings hold (quotes, control characters, HTML, non-ASCII, invalid
+// UTF-8), and fails where it fails.
+func FuzzEnvelopeAppendJSON(f *testing.F) {
+	f.Add("order.created", "t1", int64(1), int64(0), []byte(`{"total":"10.00"}`))
+	f.Add(`a"b\c`, "<tenant>&\u2028\x01", int64(-7), int64(1<<62), []byte(`[1,"x"]`))
+	f.Add("ünïcode", "\xff\xfe", int64(1<<63-1), int64(-1<<62), []byte(nil))
+	f.Fuzz(func(t *testing.T, typ, tenant string, version, nanos int64, data []byte) {
+		if len(data) > 0 && !json.Valid(data) {
+			data = nil
+		}
+		if len(data) > 0 { // as NewEnvelopeAt's: compact, HTML-escaped (json.Marshal's own)
+			var err error
+			if data, err = json.Marshal(json.RawMessage(data)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		env := domain.Envelope{ID: uuid.New(), Type: typ, SchemaVersion: domain.SchemaVersion, TenantID: tenant,
+			AggregateID: uuid.New(), AggregateVersion: version, OccurredAt: time.Unix(0, nanos).UTC(), Data: data}
+		want, wantErr := json.Marshal(env)
+		got, err := env.AppendJSON([]byte("prefix"))
+		if (err != nil) != (wantErr != nil) {
+			t.Fatalf("AppendJSON error %v, json.Marshal error %v", err, wantErr)
+		}
+		if err == nil && string(got) != "prefix"+string(want) {
+			t.Fatalf("AppendJSON wrote\n%s\njson.Marshal writes\n%s", got[len("prefix"):], want)
+		}
+	})
+}
+
+// An instant json.Marshal cannot encode fails AppendJSON too.
+func TestEnvelopeAppendJSONFailsOnAYearPast9999(t *testing.T) {
+	t.Parallel()
+	env := domain.Envelope{ID: uuid.New(), Type: "order.created", OccurredAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}
+	if _, err := json.Marshal(env); err == nil {
+		t.Fatal("json.Marshal encoded year 10000; the test's premise is gone")
+	}
+	if b, err := env.AppendJSON(nil); err == nil {
+		t.Fatalf("AppendJSON encoded year 10000: %s", b)
+	}
+}

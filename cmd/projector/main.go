@@ -4,7 +4,7 @@
 // address (HTTP_ADDR or PROJECTOR_HTTP_ADDR; loopback 127.0.0.1:8081 by
 // default).
 //
-// The program itself is app.RunProjector.
+// The program itself is app.RunProjectorProcess.
 package main
 
 import (
@@ -20,7 +20,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := app.RunProjector(ctx, os.Args, os.Getenv, os.Stdout); err != nil {
+	if err := app.RunProjectorProcess(ctx, os.Args, os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "projector:", err)
 		os.Exit(1)
 	}

@@ -253,7 +253,7 @@ func runAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	if sub == "" {
 		if process {
-			defer keepMemoryBudget(getenv, APIMemoryLimit(cfg.maxConns), logger)()
+			defer keepMemoryBudget(getenv, APIMemoryLimit(cfg.maxConns), "-max-conns", logger)()
 		}
 		servePprof(ctx, cfg.pprofAddr, logger)
 		stopTracing, err := startTracing(ctx, cfg.tracing, logger)

@@ -45,15 +45,20 @@ const (
 	memoryLimitEvery = 250 * time.Millisecond
 )
 
-// APIGCPercent is the api's GOGC while it keeps its memory budget: how far
-// the heap may grow past its live size before a collection, below the
-// soft limit. With the limit in place the default of 100 only made the
-// collector run more often than memory needs: at 64 concurrent creates
-// the live heap is a few MiB, and the collector took 13% of the api's CPU
-// (pprof, `BENCH_PPROF=1 go run ./cmd/bench -only create`). At 400 it
-// runs a quarter as often there; near the budget the limit still decides,
-// as before. GOGC in the environment overrides it.
-const APIGCPercent = 400
+// ProjectorMemoryBudget is the projector's memory budget: its soft limit
+// (it peaked at 40–51 MiB with the runtime's defaults in `make bench`).
+const ProjectorMemoryBudget = 64 << 20
+
+// GCPercent is the GOGC of a process that keeps its memory budget (the api
+// and the projector): how far the heap may grow past its live size before
+// a collection, below the soft limit. With the limit in place the default
+// of 100 only made the collector run more often than memory needs: at 64
+// concurrent creates the live heap is a few MiB, and the collector took
+// 13% of the api's CPU and 14% of the projector's (pprof, `BENCH_PPROF=1
+// go run ./cmd/bench -only create`). At 400 it runs a quarter as often
+// there; near the budget the limit decides, as before. GOGC in the
+// environment overrides it.
+const GCPercent = 400
 
 // memoryLimitFor is the soft limit for budget with live bytes of live
 // heap and stacks bytes of goroutine stacks: the budget, or the floor
@@ -64,7 +69,7 @@ func memoryLimitFor(budget, live, stacks int64) int64 {
 
 // keepMemoryBudget holds the process's soft memory limit at
 // memoryLimitFor(budget, …), re-reading the live heap every
-// memoryLimitEvery, and its GOGC at APIGCPercent (unless the environment
+// memoryLimitEvery, and its GOGC at GCPercent (unless the environment
 // sets GOGC), until stop is called (stop waits for the last update and
 // puts GOGC back), unless the environment sets GOMEMLIMIT (the runtime's
 // own settings then stand, GOGC's too: without the limit a higher GOGC
@@ -72,12 +77,12 @@ func memoryLimitFor(budget, live, stacks int64) int64 {
 // The settings are the process's, so only a process's own main keeps them
 // (RunAPIProcess), never a test that runs an api inside the test's
 // process.
-func keepMemoryBudget(getenv func(string) string, budget int64, logger *slog.Logger) (stop func()) {
+func keepMemoryBudget(getenv func(string) string, budget int64, from string, logger *slog.Logger) (stop func()) {
 	if v := getenv("GOMEMLIMIT"); v != "" {
 		logger.Info("memory limit from GOMEMLIMIT", "GOMEMLIMIT", v)
 		return func() {}
 	}
-	logger.Info("memory budget", "mib", budget>>20, "from", "-max-conns")
+	logger.Info("memory budget", "mib", budget>>20, "from", from)
 	samples := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/heap/stacks:bytes"}}
 	set := func() {
 		metrics.Read(samples)
@@ -86,7 +91,7 @@ func keepMemoryBudget(getenv func(string) string, budget int64, logger *slog.Log
 	set()
 	restoreGC := func() {}
 	if getenv("GOGC") == "" { // after the limit: the heap never grows unbounded
-		prev := debug.SetGCPercent(APIGCPercent)
+		prev := debug.SetGCPercent(GCPercent)
 		restoreGC = func() { debug.SetGCPercent(prev) }
 	}
 	done, stopped := make(chan struct{}), make(chan struct{})

@@ -47,7 +47,7 @@ func TestKeepMemoryBudgetYieldsToGOMEMLIMIT(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	const budget = 1 << 40 // far above this test binary's live heap
-	stop := keepMemoryBudget(func(string) string { return "" }, budget, logger)
+	stop := keepMemoryBudget(func(string) string { return "" }, budget, "test", logger)
 	got := debug.SetMemoryLimit(-1)
 	stop()
 	if got != budget {
@@ -60,13 +60,13 @@ func TestKeepMemoryBudgetYieldsToGOMEMLIMIT(t *testing.T) {
 			return "1GiB"
 		}
 		return ""
-	}, budget, logger)()
+	}, budget, "test", logger)()
 	if got := debug.SetMemoryLimit(-1); got != prev {
 		t.Fatalf("with GOMEMLIMIT set the limit became %d, want it left at %d", got, prev)
 	}
 }
 
-// keepMemoryBudget raises GOGC to APIGCPercent under the limit and puts it
+// keepMemoryBudget raises GOGC to GCPercent under the limit and puts it
 // back when stopped; GOGC or GOMEMLIMIT in the environment leave it alone.
 // Not parallel: GOGC is the process's.
 func TestKeepMemoryBudgetRaisesGOGCUnderItsLimit(t *testing.T) {
@@ -77,9 +77,9 @@ func TestKeepMemoryBudgetRaisesGOGCUnderItsLimit(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	gcPercent := func() int { p := debug.SetGCPercent(-1); debug.SetGCPercent(p); return p }
 
-	stop := keepMemoryBudget(func(string) string { return "" }, 1<<40, logger)
-	if got := gcPercent(); got != APIGCPercent {
-		t.Errorf("kept: GOGC %d, want %d", got, APIGCPercent)
+	stop := keepMemoryBudget(func(string) string { return "" }, 1<<40, "test", logger)
+	if got := gcPercent(); got != GCPercent {
+		t.Errorf("kept: GOGC %d, want %d", got, GCPercent)
 	}
 	stop()
 	if got := gcPercent(); got != 100 {
@@ -92,7 +92,7 @@ func TestKeepMemoryBudgetRaisesGOGCUnderItsLimit(t *testing.T) {
 				return v
 			}
 			return ""
-		}, 1<<40, logger)
+		}, 1<<40, "test", logger)
 		if got := gcPercent(); got != 100 {
 			t.Errorf("with %s=%s: GOGC %d, want it left at 100", set, v, got)
 		}

@@ -68,6 +68,19 @@ type projectorConfig struct {
 // ends, after each projection has finished and acked its batch in hand.
 // Tests call it with their own arguments, environment and output.
 func RunProjector(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	return runProjector(ctx, args, getenv, stdout, false)
+}
+
+// RunProjectorProcess is RunProjector for a projector that has its process
+// to itself (cmd/projector): serving, it also keeps the process's soft
+// memory limit at ProjectorMemoryBudget and its GOGC at GCPercent, unless
+// GOMEMLIMIT is set (keepMemoryBudget). Tests run RunProjector, which
+// leaves their process's settings alone.
+func RunProjectorProcess(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	return runProjector(ctx, args, getenv, stdout, true)
+}
+
+func runProjector(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, process bool) error {
 	sub, rest := "", args[1:]
 	if len(rest) > 0 {
 		switch rest[0] {
@@ -159,6 +172,9 @@ func RunProjector(ctx context.Context, args []string, getenv func(string) string
 	if sub != "" {
 		logger = NewLogger(io.Discard, "", "") // subcommands print their result only
 	} else {
+		if process {
+			defer keepMemoryBudget(getenv, ProjectorMemoryBudget, "ProjectorMemoryBudget", logger)()
+		}
 		servePprof(ctx, cfg.pprofAddr, logger)
 	}
 	if sub == "" {

@@ -100,7 +100,7 @@ func orderCreate(ctx context.Context, tx pgx.Tx, o domain.Order, creatingKey str
 }
 
 // orderCreateArgs are OrderCreateSQL's arguments for o, created under
-// creatingKey with its created event env.
+// creatingKey with its created event ev.
 func orderCreateArgs(ctx context.Context, o domain.Order, creatingKey string, ev outboxEvent) []any {
 	traceparent, tracestate := tracing.Inject(ctx)
 	return []any{o.TenantID, o.ID, o.CustomerID, o.Status, o.Currency, o.Total, o.Version,

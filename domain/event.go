@@ -223,8 +223,9 @@ func NewEnvelopeAt(id uuid.UUID, o Order, version int64, e Event, occurredAt tim
 // is valid JSON, and the database normalises jsonb). The command side
 // sends it as the outbox row's payload: pgx would run json.Marshal on
 // every event written.
-// It fails where json.Marshal fails: on an OccurredAt outside years
-// 0–9999, or an empty (not nil) Data.
+// Given a Data that is nil or valid JSON, it fails where json.Marshal
+// fails: on an OccurredAt outside years 0–9999, or an empty (not nil)
+// Data.
 func (e Envelope) AppendJSON(b []byte) ([]byte, error) {
 	b = append(b, `{"id":"`...)
 	b = append(b, e.ID.String()...)

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"runtime/metrics"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,8 +18,8 @@ import (
 // (GOGC=100) the heap grew to twice its live size and the process's
 // resident set to 100–106 MiB. With the budget as the runtime's soft
 // memory limit, the runtime collects earlier and returns freed pages as
-// the process nears it, instead of growing to twice the live heap; below
-// it nothing changes.
+// the process nears it, instead of growing past it (below it, GCPercent
+// paces the collector).
 const (
 	APIMemoryBase    = 40 << 20
 	APIMemoryPerConn = 32 << 10
@@ -60,6 +61,9 @@ const ProjectorMemoryBudget = 64 << 20
 // environment overrides it.
 const GCPercent = 400
 
+// budgetKept is whether a keepMemoryBudget keeps the process's budget.
+var budgetKept atomic.Bool
+
 // memoryLimitFor is the soft limit for budget with live bytes of live
 // heap and stacks bytes of goroutine stacks: the budget, or the floor
 // above, whichever is higher.
@@ -75,11 +79,17 @@ func memoryLimitFor(budget, live, stacks int64) int64 {
 // own settings then stand, GOGC's too: without the limit a higher GOGC
 // would let the heap grow unbounded; GOMEMLIMIT=off turns the limit off).
 // The settings are the process's, so only a process's own main keeps them
-// (RunAPIProcess), never a test that runs an api inside the test's
-// process.
+// (RunAPIProcess, RunProjectorProcess), never a test that runs a program
+// inside the test's process; and one keeper at a time: a second one while
+// another keeps the budget keeps nothing and says so (two would overwrite
+// each other's limit and GOGC).
 func keepMemoryBudget(getenv func(string) string, budget int64, from string, logger *slog.Logger) (stop func()) {
 	if v := getenv("GOMEMLIMIT"); v != "" {
 		logger.Info("memory limit from GOMEMLIMIT", "GOMEMLIMIT", v)
+		return func() {}
+	}
+	if !budgetKept.CompareAndSwap(false, true) {
+		logger.Warn("a memory budget is kept in this process already; this one is not", "mib", budget>>20, "from", from)
 		return func() {}
 	}
 	logger.Info("memory budget", "mib", budget>>20, "from", from)
@@ -112,5 +122,6 @@ func keepMemoryBudget(getenv func(string) string, budget int64, from string, log
 		close(done)
 		<-stopped
 		restoreGC()
+		budgetKept.Store(false)
 	}
 }

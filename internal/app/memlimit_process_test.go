@@ -15,6 +15,8 @@ func TestOnlyTheAPIProcessSetsAMemoryLimit(t *testing.T) {
 	prev := debug.SetMemoryLimit(-1)
 	debug.SetMemoryLimit(math.MaxInt64)
 	t.Cleanup(func() { debug.SetMemoryLimit(prev) }) // runs after the programs stopped
+	prevGC := debug.SetGCPercent(100)                // whatever GOGC the tests run with
+	t.Cleanup(func() { debug.SetGCPercent(prevGC) })
 	env := newEnv(t)
 
 	start(t, "api-in-a-test", app.RunAPI, env)
@@ -40,6 +42,8 @@ func TestOnlyTheProjectorProcessSetsAMemoryLimit(t *testing.T) {
 	prev := debug.SetMemoryLimit(-1)
 	debug.SetMemoryLimit(math.MaxInt64)
 	t.Cleanup(func() { debug.SetMemoryLimit(prev) }) // runs after the programs stopped
+	prevGC := debug.SetGCPercent(100)                // whatever GOGC the tests run with
+	t.Cleanup(func() { debug.SetGCPercent(prevGC) })
 	env := newEnv(t)
 
 	start(t, "projector-in-a-test", app.RunProjector, env)

@@ -86,6 +86,18 @@ func TestKeepMemoryBudgetRaisesGOGCUnderItsLimit(t *testing.T) {
 		t.Errorf("stopped: GOGC %d, want it put back to 100", got)
 	}
 
+	// A second keeper while one keeps the budget keeps nothing: stopping
+	// it leaves the first one's settings.
+	stop = keepMemoryBudget(func(string) string { return "" }, 1<<40, "first", logger)
+	keepMemoryBudget(func(string) string { return "" }, 1<<30, "second", logger)()
+	if got, limit := gcPercent(), debug.SetMemoryLimit(-1); got != GCPercent || limit != 1<<40 {
+		t.Errorf("after a second keeper: GOGC %d, limit %d; want the first's %d, %d", got, limit, GCPercent, int64(1<<40))
+	}
+	stop()
+	if got := gcPercent(); got != 100 {
+		t.Errorf("both stopped: GOGC %d, want it put back to 100", got)
+	}
+
 	for set, v := range map[string]string{"GOGC": "200", "GOMEMLIMIT": "1GiB"} {
 		stop := keepMemoryBudget(func(k string) string {
 			if k == set {

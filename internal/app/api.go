@@ -220,8 +220,8 @@ func RunAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 // RunAPIProcess is RunAPI for an api that has its process to itself
 // (cmd/api): serving, it also keeps the process's soft memory limit at
 // its budget, APIMemoryLimit(-max-conns), and its GOGC at GCPercent,
-// unless GOMEMLIMIT is set (keepMemoryBudget). Tests run RunAPI, which leaves their process's
-// settings alone.
+// unless GOMEMLIMIT is set (keepMemoryBudget). Tests run RunAPI, which
+// leaves their process's settings alone.
 func RunAPIProcess(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	return runAPI(ctx, args, getenv, stdout, true)
 }

@@ -80,12 +80,15 @@ ON CONFLICT (projection, event_id) DO NOTHING
 RETURNING event_id`
 
 	// Orders of the batch ($2 tenants, $3 aggregates) with an unresolved
-	// dead letter of their tenant: whether one is open, and the lowest
-	// parked version. Their later events are parked behind it, not
-	// applied. (Another tenant's dead letter naming the same order, a
-	// forged event, holds nothing back.)
+	// dead letter of their tenant: the lowest open version and the lowest
+	// parked version (0: none). Their later events are parked behind it,
+	// not applied; an earlier one is not held back by it (it may be the
+	// very predecessor the later one waits for). (Another tenant's dead
+	// letter naming the same order, a forged event, holds nothing back.)
 	deadAggregatesSQL = `
-SELECT d.tenant_id, d.aggregate_id, bool_or(d.status = 'open'), coalesce(min(d.aggregate_version) FILTER (WHERE d.status = 'parked'), 0)
+SELECT d.tenant_id, d.aggregate_id,
+       coalesce(min(d.aggregate_version) FILTER (WHERE d.status = 'open'), 0),
+       coalesce(min(d.aggregate_version) FILTER (WHERE d.status = 'parked'), 0)
 FROM unnest($2::text[], $3::uuid[]) AS g(tenant_id, aggregate_id)
 JOIN dead_letters d ON d.projection = $1 AND d.aggregate_id = g.aggregate_id AND d.tenant_id = g.tenant_id
 WHERE d.status IN ('open', 'parked')
@@ -579,14 +582,13 @@ func (r *Runner) park(ctx context.Context, tx pgx.Tx, gaps []*event) error {
 		tenants[i], aggs[i] = e.env.TenantID, e.env.AggregateID
 	}
 	type unresolved struct {
-		open         bool
-		lowestParked int64 // 0: none parked
+		lowestOpen, lowestParked int64 // 0: none
 	}
 	held := map[orderKey]unresolved{}
 	rows, _ := tx.Query(ctx, deadAggregatesSQL, r.proj.Name(), tenants, aggs)
 	var k orderKey
 	var u unresolved
-	if _, err := pgx.ForEachRow(rows, []any{&k.tenant, &k.id, &u.open, &u.lowestParked}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&k.tenant, &k.id, &u.lowestOpen, &u.lowestParked}, func() error {
 		held[k] = u
 		return nil
 	}); err != nil {
@@ -599,7 +601,7 @@ func (r *Runner) park(ctx context.Context, tx pgx.Tx, gaps []*event) error {
 		}
 		var err error
 		switch {
-		case h.open:
+		case h.lowestOpen > 0 && h.lowestOpen < e.env.AggregateVersion:
 			err = r.deadLetter(ctx, tx, e, statusParked, reasonBehindOpen, noAttempt)
 		case h.lowestParked > 0 && h.lowestParked < e.env.AggregateVersion:
 			err = r.deadLetter(ctx, tx, e, statusParked, reasonBehindParked, r.gapDelay(e.deliveries))

@@ -216,16 +216,18 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event,
 
 // redriveHeldBackSQL finds, of the gap events $2 (aggregates $3, versions
 // $4, tenants $5), those that an unresolved dead letter of their order (and
-// tenant) holds back: an open one (of any version), or a parked earlier
-// version. It returns each such event's id and whether an open one holds it.
+// tenant) holds back: an open or parked earlier version (a later one holds
+// nothing back: it waits for this one). It returns each such event's id
+// and whether an open one holds it.
 const redriveHeldBackSQL = `
 SELECT g.event_id,
        EXISTS (SELECT 1 FROM dead_letters d
-               WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id AND d.tenant_id = g.tenant_id AND d.status = 'open')
+               WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id AND d.tenant_id = g.tenant_id AND d.status = 'open'
+                 AND d.aggregate_version < g.version)
 FROM unnest($2::uuid[], $3::uuid[], $4::bigint[], $5::text[]) AS g(event_id, aggregate_id, version, tenant_id)
 WHERE EXISTS (SELECT 1 FROM dead_letters d
               WHERE d.projection = $1 AND d.aggregate_id = g.aggregate_id AND d.tenant_id = g.tenant_id
-                AND (d.status = 'open' OR (d.status = 'parked' AND d.aggregate_version < g.version)))`
+                AND d.status IN ('open', 'parked') AND d.aggregate_version < g.version)`
 
 // heldBackInTx maps each re-driven gap event of events that an unresolved
 // dead letter of its order holds back to the reason it stays parked. Such

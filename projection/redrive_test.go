@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/domain"
@@ -88,6 +89,62 @@ func TestOpenLaterVersionDoesNotHoldBackAParkedEarlierOne(t *testing.T) {
 	}
 	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = $1 AND status = 'retried'`, evs[0].ID); n != 1 {
 		t.Fatal("v1's row is not marked retried")
+	}
+}
+
+// Nor does it hold back an earlier version that comes from the stream late.
+// v5 is opened as never applicable while v3 and v4 are missing; v4 comes
+// (a gap: it waits for v3, it is not parked behind v5, which would leave it
+// out of reach: v5 can be neither retried, with v3 missing, nor discarded,
+// not being next), then v3. The order reaches v4, and a retry of v5 then
+// applies it.
+func TestOpenLaterVersionDoesNotHoldBackALateEarlierOne(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Workers: 1, MaxDeliver: 1, AckWait: time.Second, RetryDelay: 10 * time.Millisecond,
+		GapDelay: 10 * time.Millisecond, RedriveInterval: 50 * time.Millisecond}
+	f := newFixture(t, cfg)
+	order := uuid.Must(uuid.NewV7())
+	v := []domain.Envelope{createdEvent(t, order)}
+	for i := int64(2); i <= 5; i++ {
+		e := v[0]
+		e.ID, e.Type, e.AggregateVersion = uuid.Must(uuid.NewV7()), "order.noted", i
+		e.OccurredAt = v[0].OccurredAt.Add(time.Duration(i) * time.Second)
+		e.Data = json.RawMessage(`{"note":"n"}`)
+		v = append(v, e)
+	}
+	publish := func(version int) { f.publish(t, v[version-1], v[version-1].ID.String()) }
+	f.run(t)
+	publish(1)
+	publish(2)
+	at := func(version int) bool {
+		return f.count(t, `SELECT count(*) FROM order_views WHERE order_id = $1 AND version = $2`, order, version) == 1
+	}
+	eventually(t, "v2 applied", func() bool { return at(2) })
+	publish(5)
+	eventually(t, "v5 opened", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = $1 AND status = 'open'`, v[4].ID) == 1
+	})
+	publish(4)
+	eventually(t, "v4 waits for v3", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = $1 AND status = 'parked'`, v[3].ID) == 1
+	})
+	var reason string
+	if err := f.db.QueryRow(context.Background(), `SELECT error FROM dead_letters WHERE event_id = $1`, v[3].ID).Scan(&reason); err != nil {
+		t.Fatal(err)
+	} else if reason == reasonBehindOpen {
+		t.Fatalf("v4 parked behind the open v5: %q", reason)
+	}
+	publish(3)
+	eventually(t, "v3 and v4 applied", func() bool { return at(4) })
+	var dead int64
+	if err := f.db.QueryRow(context.Background(), `SELECT id FROM dead_letters WHERE event_id = $1`, v[4].ID).Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.runner.RetryDeadLetter(context.Background(), dead); err != nil {
+		t.Fatalf("retry of v5 after v4: %v", err)
+	}
+	if !at(5) {
+		t.Fatal("the view is not at v5 after the retry of v5")
 	}
 }
 

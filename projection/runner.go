@@ -656,14 +656,14 @@ const (
 )
 
 // heldBack reports why the gap event e, on its last delivery, is to be
-// parked instead of dead-lettered: its order has an open dead letter
-// (reasonBehindOpen), or a parked earlier version that the runner re-drives
+// parked instead of dead-lettered: its order has an open dead letter of an
+// earlier version (reasonBehindOpen), or a parked earlier version that the runner re-drives
 // (reasonBehindParked; v2 must not go open and lock out a deferred v1). It
 // reports "" when nothing holds e back. An error means the answer is
 // unknown (never "no").
 func (r *Runner) heldBack(ctx context.Context, e *event) (string, error) {
 	var open, parked bool
-	if err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND tenant_id = $4 AND status = 'open'),
+	if err := r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND tenant_id = $4 AND status = 'open' AND aggregate_version < $3),
        EXISTS (SELECT 1 FROM dead_letters WHERE projection = $1 AND aggregate_id = $2 AND tenant_id = $4 AND status = 'parked' AND aggregate_version < $3)`,
 		r.proj.Name(), e.env.AggregateID, e.env.AggregateVersion, e.env.TenantID).Scan(&open, &parked); err != nil {
 		return "", fmt.Errorf("look up unresolved dead letters of aggregate %s: %w", e.env.AggregateID, err)

@@ -5,14 +5,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 )
 
 // Event is a fact about an aggregate, in the past tense. Its JSON form is the
-// "data" of an Envelope; consumers ignore fields they do not know.
+// "data" of an Envelope; consumers ignore fields they do not know. Every
+// number in an event is a count or an amount of money, never negative, and
+// every time is one a JSON document can hold in any time zone (see
+// Envelope.Decode, which refuses the rest).
 type Event interface {
 	// EventType is the envelope's "type", such as "order.created".
 	EventType() string
@@ -284,13 +289,23 @@ func DecodeEnvelope(b []byte) (Envelope, error) {
 	if err := json.Unmarshal(b, &env); err != nil {
 		return Envelope{}, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
 	}
+	// The type and the tenant go into text columns and indexes (the inbox,
+	// dead letters): 1 to 64 characters, no control characters (PostgreSQL
+	// refuses a NUL, so a dead letter naming one could never be written).
+	const maxName = 64
 	switch {
 	case env.ID == uuid.Nil:
 		return env, fmt.Errorf("%w: no id", ErrMalformedEvent)
 	case env.Type == "":
 		return env, fmt.Errorf("%w: no type", ErrMalformedEvent)
+	case checkText(env.Type, 1, maxName, singleLine) != "":
+		return env, fmt.Errorf("%w: type %s", ErrMalformedEvent, checkText(env.Type, 1, maxName, singleLine))
 	case env.TenantID == "":
 		return env, fmt.Errorf("%w: no tenant_id", ErrMalformedEvent)
+	case checkText(env.TenantID, 1, maxName, singleLine) != "":
+		return env, fmt.Errorf("%w: tenant_id %s", ErrMalformedEvent, checkText(env.TenantID, 1, maxName, singleLine))
+	case !representable(env.OccurredAt):
+		return env, fmt.Errorf("%w: occurred_at %s", ErrMalformedEvent, outOfRange)
 	case env.AggregateID == uuid.Nil:
 		return env, fmt.Errorf("%w: no aggregate_id", ErrMalformedEvent)
 	case env.AggregateVersion < 1:
@@ -302,10 +317,99 @@ func DecodeEnvelope(b []byte) (Envelope, error) {
 }
 
 // Decode unmarshals the envelope's data into v. It returns an error wrapping
-// ErrMalformedEvent if the data does not fit v.
+// ErrMalformedEvent if the data does not fit v, if it holds a value no event
+// of ours holds (a negative number, a time outside what JSON can hold: a read
+// model keeping one could never be shown), or if the event is of a newer
+// schema_version than this build's (it cannot know what that one means:
+// after the upgrade, its dead letter can be retried).
 func (e Envelope) Decode(v any) error {
+	if e.SchemaVersion > SchemaVersion {
+		return fmt.Errorf("%w: %s event of schema_version %d, newer than this build's %d", ErrMalformedEvent, e.Type, e.SchemaVersion, SchemaVersion)
+	}
 	if err := json.Unmarshal(e.Data, v); err != nil {
 		return fmt.Errorf("%w: %s data: %v", ErrMalformedEvent, e.Type, err)
 	}
+	if err := checkValues(reflect.ValueOf(v)); err != nil {
+		return fmt.Errorf("%w: %s data: %v", ErrMalformedEvent, e.Type, err)
+	}
 	return nil
+}
+
+// The times an event may hold: from the zero time (events of earlier
+// versions leave some out) to the last day of year 9999, in UTC, so that
+// the time is in years 0 to 9999, which JSON holds, in every time zone.
+var (
+	earliestTime = time.Time{}
+	latestTime   = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+)
+
+const outOfRange = "is outside 0001-01-01 to 9999-12-30 (UTC)"
+
+func representable(t time.Time) bool { return !t.Before(earliestTime) && t.Before(latestTime) }
+
+// checkValues walks v, decoded event data, and names the first field (its
+// path, as in JSON) that holds a negative number or a time that is not
+// representable. It allocates only to name one.
+func checkValues(v reflect.Value) error {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			return checkValues(v.Elem())
+		}
+	case reflect.Struct:
+		if t, ok := reflect.TypeAssert[time.Time](v); ok {
+			if !representable(t) {
+				return &badValue{what: outOfRange}
+			}
+			return nil
+		}
+		for i := range v.NumField() {
+			f := v.Type().Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			if err := checkValues(v.Field(i)); err != nil {
+				if !f.Anonymous { // an embedded struct's fields are the event's own
+					err.(*badValue).in(jsonName(f))
+				}
+				return err
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			if err := checkValues(v.Index(i)); err != nil {
+				err.(*badValue).in(fmt.Sprintf("[%d]", i))
+				return err
+			}
+		}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		if v.Int() < 0 {
+			return &badValue{what: fmt.Sprintf("is negative (%d)", v.Int())}
+		}
+	}
+	return nil
+}
+
+// badValue is checkValues' error: what is wrong, and where (path, built
+// from the field outwards).
+type badValue struct{ path, what string }
+
+func (e *badValue) Error() string { return e.path + " " + e.what }
+
+// in puts the value inside step: a field name or an index.
+func (e *badValue) in(step string) {
+	switch {
+	case e.path == "" || strings.HasPrefix(e.path, "["):
+		e.path = step + e.path
+	default:
+		e.path = step + "." + e.path
+	}
+}
+
+// jsonName is field f's name in JSON.
+func jsonName(f reflect.StructField) string {
+	if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" {
+		return name
+	}
+	return f.Name
 }

@@ -3,6 +3,7 @@ package domain_test
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,6 +56,11 @@ func TestDecodeEnvelopeMalformed(t *testing.T) {
 		"no data":          `{"id":` + id + `,"type":"order.created","tenant_id":"t","aggregate_id":` + id + `,"aggregate_version":1}`,
 		"bad id":           `{"id":"nope","type":"order.created","tenant_id":"t","aggregate_id":` + id + `,"aggregate_version":1,"data":{}}`,
 		"version a string": `{"id":` + id + `,"type":"order.created","tenant_id":"t","aggregate_id":` + id + `,"aggregate_version":"1","data":{}}`,
+		// Text that no text column can hold, or that no index should.
+		"a NUL in the tenant":     `{"id":` + id + `,"type":"order.created","tenant_id":"t\u0000x","aggregate_id":` + id + `,"aggregate_version":1,"data":{}}`,
+		"a line feed in the type": `{"id":` + id + `,"type":"order.created\n","tenant_id":"t","aggregate_id":` + id + `,"aggregate_version":1,"data":{}}`,
+		"a tenant of 65 bytes":    `{"id":` + id + `,"type":"order.created","tenant_id":"` + strings.Repeat("t", 65) + `","aggregate_id":` + id + `,"aggregate_version":1,"data":{}}`,
+		"occurred in year 0":      `{"id":` + id + `,"type":"order.created","tenant_id":"t","aggregate_id":` + id + `,"aggregate_version":1,"occurred_at":"0000-06-01T00:00:00Z","data":{}}`,
 	}
 	for name, in := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -63,6 +69,48 @@ func TestDecodeEnvelopeMalformed(t *testing.T) {
 				t.Fatalf("DecodeEnvelope(%s) err = %v, want ErrMalformedEvent", in, err)
 			}
 		})
+	}
+}
+
+// Decode refuses data no event of ours holds, naming the field: a negative
+// number anywhere (items and embedded fields too), a time that JSON cannot
+// hold in every time zone, an event of a newer schema. It takes the zero
+// time (left out by events of earlier versions) and the edges of the range.
+func TestEnvelopeDecodeRefusesValuesNoEventHolds(t *testing.T) {
+	t.Parallel()
+	env := func(data string) domain.Envelope {
+		return domain.Envelope{Type: domain.TypeOrderCreated, SchemaVersion: domain.SchemaVersion, Data: json.RawMessage(data)}
+	}
+	refused := map[string]struct {
+		env    domain.Envelope
+		target any
+		names  string
+	}{
+		"a negative total":           {env(`{"total":-1}`), &domain.OrderCreated{}, "total is negative"},
+		"a negative line total":      {env(`{"items":[{"sku":"a","quantity":1},{"sku":"b","line_total":-5}]}`), &domain.OrderCreated{}, "items[1].line_total is negative"},
+		"a negative embedded total":  {env(`{"total":-4990,"status":"paid"}`), &domain.OrderPaid{}, "total is negative"},
+		"a negative refund":          {env(`{"amount":-1}`), &domain.OrderRefunded{}, "amount is negative"},
+		"year -1 in UTC":             {env(`{"created_at":"0000-01-01T00:00:00+01:00"}`), &domain.OrderCreated{}, "created_at is outside"},
+		"year 10000 in a later zone": {env(`{"at":"9999-12-31T23:30:00-01:00"}`), &domain.OrderShipped{}, "at is outside"},
+		"the last day of 9999":       {env(`{"refunded_at":"9999-12-31T00:00:00Z"}`), &domain.OrderRefunded{}, "refunded_at is outside"},
+		"a newer schema": {domain.Envelope{Type: domain.TypeOrderCreated, SchemaVersion: domain.SchemaVersion + 1, Data: json.RawMessage(`{}`)},
+			&domain.OrderCreated{}, "newer than this build's"},
+	}
+	for name, tt := range refused {
+		err := tt.env.Decode(tt.target)
+		if !errors.Is(err, domain.ErrMalformedEvent) || !strings.Contains(err.Error(), tt.names) {
+			t.Errorf("%s: Decode err = %v, want ErrMalformedEvent saying %q", name, err, tt.names)
+		}
+	}
+	for name, data := range map[string]string{
+		"zero amounts and no times": `{"total":0,"items":[{"sku":"a","quantity":0,"unit_price":0,"line_total":0}]}`,
+		"the first instant":         `{"created_at":"0001-01-01T00:00:00Z"}`,
+		"the last representable":    `{"created_at":"9999-12-30T23:59:59.999999999Z"}`,
+		"the largest total":         `{"total":9223372036854775807}`,
+	} {
+		if err := env(data).Decode(&domain.OrderCreated{}); err != nil {
+			t.Errorf("%s: Decode err = %v, want none", name, err)
+		}
 	}
 }
 

@@ -56,7 +56,7 @@ func (r *Runner) deadLetter(ctx context.Context, db execer, e *event, status, re
 		tenant, eventID, aggregate, version = e.env.TenantID, e.env.ID, e.env.AggregateID, e.env.AggregateVersion
 	}
 	if _, err := db.Exec(ctx, deadLetterInsertSQL, r.proj.Name(), tenant, eventID, aggregate, version,
-		int64(e.seq), e.subject, e.data, reason, int64(e.deliveries), status, attemptIn(retryIn)); err != nil {
+		int64(e.seq), postgres.Text(e.subject), e.data, postgres.Text(reason), int64(e.deliveries), status, attemptIn(retryIn)); err != nil {
 		return fmt.Errorf("insert dead letter: %w", err)
 	}
 	return nil

@@ -30,7 +30,7 @@ func (w *Worker) deadLetter(ctx context.Context, consumer, subject string, data 
 		tenant, eventID, aggregate, version = env.TenantID, env.ID, env.AggregateID, env.AggregateVersion
 	}
 	if _, err := w.db.Exec(ctx, deadLetterInsertSQL, consumer, tenant, eventID, aggregate, version,
-		int64(seq), subject, data, cause.Error(), int64(deliveries)); err != nil {
+		int64(seq), postgres.Text(subject), data, postgres.Text(cause.Error()), int64(deliveries)); err != nil {
 		return fmt.Errorf("insert dead letter: %w", err)
 	}
 	return nil

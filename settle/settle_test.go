@@ -2,6 +2,7 @@ package settle_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -404,6 +405,38 @@ func TestPermanentFailureIsDeadLetteredAndRetried(t *testing.T) {
 	if s, _, _ := r.get(t, id); s != "payment_pending" {
 		t.Fatalf("order %s", s)
 	}
+}
+
+// An intent whose tenant holds a NUL is dead-lettered on its first
+// delivery and terminated, not redelivered for ever: its dead letter used
+// to name the tenant, which no text column holds, so it could never be
+// written. (No command writes such a tenant: a forged or broken stream.)
+func TestAnIntentOfANULTenantIsDeadLetteredOnce(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	r.start(t, settle.Config{MaxDeliver: 2})
+	data, err := json.Marshal(domain.PaymentRequested{Attempt: 1, PaymentKey: "bogus", Amount: 100, PaymentMethod: domain.DefaultPaymentMethod,
+		Transition: domain.Transition{CustomerID: "c", Currency: "EUR", Total: 100, From: "pending", Status: "payment_pending", At: time.Now()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := domain.Envelope{ID: uuid.Must(uuid.NewV7()), Type: domain.TypePaymentRequested, SchemaVersion: domain.SchemaVersion,
+		TenantID: "acme\x00", AggregateID: uuid.Must(uuid.NewV7()), AggregateVersion: 2, OccurredAt: time.Now(), Data: data}
+	b, err := json.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.js.Publish(context.Background(), stream.Subject(domain.TypePaymentRequested), b, jetstream.WithMsgID(env.ID.String())); err != nil {
+		t.Fatal(err)
+	}
+	dls := r.waitDeadLetters(t, 15*time.Second, "a dead letter")
+	if dls[0].Deliveries != 1 {
+		t.Fatalf("dead letter %+v: want it on the first delivery", dls[0])
+	}
+	testenv.Eventually(t, 10*time.Second, "nothing awaiting an ack", func() bool {
+		info := consumerInfo(r.js, settle.ChargeConsumer)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	})
 }
 
 // Observe gets the timings of each outcome recorded once, however many

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"regexp"
 	"strconv"
 
 	"github.com/acme/orders/httpapi"
@@ -21,7 +22,9 @@ import (
 // rewritten: net/http writes each in one Write to the connection, with a
 // header block of exactly its status line, "Content-Type: text/plain;
 // charset=utf-8" and "Connection: close", and no Date, which every answer
-// of a handler has.
+// of a handler has. The one other answer net/http makes itself, 417 to an
+// Expect other than 100-continue, is an empty answer with a Date: its
+// exact header block is rewritten too (no handler answers 417).
 func problemRefusals(ln net.Listener) net.Listener { return refusalListener{ln} }
 
 type refusalListener struct{ net.Listener }
@@ -58,11 +61,22 @@ func (c refusalConn) Write(p []byte) (int, error) {
 // netHTTPRefusalHeaders ends the header block of net/http's own refusals.
 const netHTTPRefusalHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
+// expectationFailed matches net/http's answer to an Expect it does not
+// meet, for an HTTP/1.1 or HTTP/1.0 request: its header block, all of it.
+var expectationFailed = regexp.MustCompile(`\AHTTP/1\.[01] 417 Expectation Failed\r\nConnection: close\r\nDate: [^\r\n]{29}\r\nContent-Length: 0\r\n\r\n\z`)
+
 // rewriteRefusal returns p as a problem+json answer if p is one of
 // net/http's own refusals (see problemRefusals).
 func rewriteRefusal(p []byte) ([]byte, bool) {
 	const maxRefusal = 512 // net/http's are under 200 bytes
-	if len(p) > maxRefusal || !bytes.HasPrefix(p, []byte("HTTP/1.1 ")) {
+	if len(p) > maxRefusal {
+		return nil, false
+	}
+	if expectationFailed.Match(p) {
+		return problemAnswer(http.StatusExpectationFailed, "expectation-failed", "Expectation failed",
+			"the only expectation this server meets is Expect: 100-continue"), true
+	}
+	if !bytes.HasPrefix(p, []byte("HTTP/1.1 ")) {
 		return nil, false
 	}
 	statusLine, body, found := bytes.Cut(p, []byte(netHTTPRefusalHeaders))
@@ -80,12 +94,17 @@ func rewriteRefusal(p []byte) ([]byte, bool) {
 	case code >= 500: // 501 Transfer-Encoding, 505 HTTP version: the request's
 		code = http.StatusBadRequest
 	}
+	return problemAnswer(code, kind, title, "refused before it was read: "+string(body)), true
+}
+
+// problemAnswer is a whole answer, problem+json, that closes the connection.
+func problemAnswer(code int, kind, title, detail string) []byte {
 	problem, _ := json.Marshal(struct {
 		Type   string `json:"type"`
 		Title  string `json:"title"`
 		Status int    `json:"status"`
 		Detail string `json:"detail"`
-	}{httpapi.ProblemBase + kind, title, code, "refused before it was read: " + string(body)})
+	}{httpapi.ProblemBase + kind, title, code, detail})
 	return fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nContent-Type: application/problem+json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-		code, http.StatusText(code), len(problem), problem), true
+		code, http.StatusText(code), len(problem), problem)
 }

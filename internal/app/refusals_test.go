@@ -34,6 +34,8 @@ func TestRequestsRefusedBeforeTheHandlerGetProblemJSON(t *testing.T) {
 		{"an unsupported Transfer-Encoding (net/http: 501)", "POST /v1/orders HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 400, "malformed-request"},
 		{"an unknown HTTP version (net/http: 505)", "GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n", 400, "malformed-request"},
 		{"headers past 64 KiB", "GET /healthz HTTP/1.1\r\nHost: x\r\nIdempotency-Key: " + strings.Repeat("k", 70<<10) + "\r\n\r\n", 431, "headers-too-large"},
+		{"an Expect other than 100-continue", "POST /v1/orders HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 2\r\n\r\n{}", 417, "expectation-failed"},
+		{"an Expect in HTTP/1.0", "GET /healthz HTTP/1.0\r\nExpect: foo\r\n\r\n", 417, "expectation-failed"},
 	}
 	for _, tt := range tests {
 		c := dialUntilListening(t, addr)
@@ -75,6 +77,8 @@ func TestRewriteRefusalLeavesHandlerAnswersAlone(t *testing.T) {
 		"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nok",
 		"HTTP/1.1 400 Bad Request\r\nContent-Type: application/problem+json\r\nContent-Length: 2\r\n\r\n{}",
 		"a body chunk HTTP/1.1 400" + netHTTPRefusalHeaders,
+		"HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nDate: Tue, 24 Nov 2026 15:00:00 GMT\r\nContent-Length: 2\r\n\r\n{}",
+		"HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nDate: Tue, 24 Nov 2026 15:00:00 GMT\r\nX-Other: 1\r\nContent-Length: 0\r\n\r\n",
 	} {
 		if got, ok := rewriteRefusal([]byte(answer)); ok {
 			t.Errorf("rewrote %q as %q", answer, got)

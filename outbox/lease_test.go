@@ -42,3 +42,30 @@ func TestLeaseConnectionPlansPerStatement(t *testing.T) {
 		t.Errorf("plan_cache_mode: lease connection %s, pool %s; want force_custom_plan and auto", lease, other)
 	}
 }
+
+// The lease connection holds its partitions' locks: PostgreSQL probes it,
+// so a relay cut off from it (no FIN ever arrives) loses them within about
+// 11 s, not the kernel's default of over 2 hours of silence.
+func TestLeaseConnectionIsProbedByTheServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	pool, err := postgres.Open(ctx, testenv.DatabaseURL(t), 4, 10*time.Second, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	w := &worker{r: &Relay{db: pool, logger: logger, cfg: Config{TakeoverInterval: time.Second}}, logger: logger, maxPartitions: Partitions}
+	t.Cleanup(w.release)
+	conn, _, err := w.lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idle, interval, count string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'), current_setting('tcp_keepalives_count')`).Scan(&idle, &interval, &count); err != nil {
+		t.Fatal(err)
+	}
+	if idle != "5" || interval != "2" || count != "3" {
+		t.Errorf("keepalives of the lease connection: idle %s, interval %s, count %s; want 5, 2, 3 (a TCP connection: %s)", idle, interval, count, testenv.DatabaseURL(t))
+	}
+}

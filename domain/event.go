@@ -289,23 +289,22 @@ func DecodeEnvelope(b []byte) (Envelope, error) {
 	if err := json.Unmarshal(b, &env); err != nil {
 		return Envelope{}, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
 	}
-	// The type and the tenant go into text columns and indexes (the inbox,
-	// dead letters): 1 to 64 characters, no control characters (PostgreSQL
+	// The tenant names the order in every table (the inbox, positions, dead
+	// letters): 1 to 64 characters, no control characters (PostgreSQL
 	// refuses a NUL, so a dead letter naming one could never be written).
-	const maxName = 64
+	// Everything else an event could hold that no command writes is
+	// refused once its order is known (CheckValues), so that its dead
+	// letter names the order and holds back its later events.
+	const maxTenant = 64
 	switch {
 	case env.ID == uuid.Nil:
 		return env, fmt.Errorf("%w: no id", ErrMalformedEvent)
 	case env.Type == "":
 		return env, fmt.Errorf("%w: no type", ErrMalformedEvent)
-	case checkText(env.Type, 1, maxName, singleLine) != "":
-		return env, fmt.Errorf("%w: type %s", ErrMalformedEvent, checkText(env.Type, 1, maxName, singleLine))
 	case env.TenantID == "":
 		return env, fmt.Errorf("%w: no tenant_id", ErrMalformedEvent)
-	case checkText(env.TenantID, 1, maxName, singleLine) != "":
-		return env, fmt.Errorf("%w: tenant_id %s", ErrMalformedEvent, checkText(env.TenantID, 1, maxName, singleLine))
-	case !representable(env.OccurredAt):
-		return env, fmt.Errorf("%w: occurred_at %s", ErrMalformedEvent, outOfRange)
+	case checkText(env.TenantID, 1, maxTenant, singleLine) != "":
+		return env, fmt.Errorf("%w: tenant_id %s", ErrMalformedEvent, checkText(env.TenantID, 1, maxTenant, singleLine))
 	case env.AggregateID == uuid.Nil:
 		return env, fmt.Errorf("%w: no aggregate_id", ErrMalformedEvent)
 	case env.AggregateVersion < 1:
@@ -316,15 +315,30 @@ func DecodeEnvelope(b []byte) (Envelope, error) {
 	return env, nil
 }
 
-// Decode unmarshals the envelope's data into v. It returns an error wrapping
-// ErrMalformedEvent if the data does not fit v, if it holds a value no event
-// of ours holds (a negative number, a time outside what JSON can hold: a read
-// model keeping one could never be shown), or if the event is of a newer
-// schema_version than this build's (it cannot know what that one means:
-// after the upgrade, its dead letter can be retried).
-func (e Envelope) Decode(v any) error {
-	if e.SchemaVersion > SchemaVersion {
+// CheckValues returns an error wrapping ErrMalformedEvent if the envelope
+// holds what no event of ours holds: a schema_version newer than this
+// build's (it cannot know what that one means: consumers are upgraded
+// before the api, and after the upgrade its dead letter can be retried), or
+// an occurred_at outside what JSON can hold (a read model keeping it could
+// never be shown). Decode checks it; a consumer that uses an event without
+// decoding its data checks it itself.
+func (e Envelope) CheckValues() error {
+	switch {
+	case e.SchemaVersion > SchemaVersion:
 		return fmt.Errorf("%w: %s event of schema_version %d, newer than this build's %d", ErrMalformedEvent, e.Type, e.SchemaVersion, SchemaVersion)
+	case !representable(e.OccurredAt):
+		return fmt.Errorf("%w: %s event's occurred_at %s", ErrMalformedEvent, e.Type, outOfRange)
+	}
+	return nil
+}
+
+// Decode unmarshals the envelope's data into v. It returns an error wrapping
+// ErrMalformedEvent if the envelope's values are not ours (CheckValues), if
+// the data does not fit v, or if it holds a value no event of ours holds: a
+// negative number, or a time outside what JSON can hold.
+func (e Envelope) Decode(v any) error {
+	if err := e.CheckValues(); err != nil {
+		return err
 	}
 	if err := json.Unmarshal(e.Data, v); err != nil {
 		return fmt.Errorf("%w: %s data: %v", ErrMalformedEvent, e.Type, err)

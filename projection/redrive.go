@@ -203,7 +203,7 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event,
 			r.logger.ErrorContext(ctx, "re-driven event dead-lettered", "event_id", e.env.ID,
 				"aggregate_id", e.env.AggregateID, "aggregate_version", e.env.AggregateVersion, "reason", reason)
 		}
-		b.Queue(redriveUpdateSQL, e.deadID, status, int64(deliveries), reason, attemptIn(retryIn))
+		b.Queue(redriveUpdateSQL, e.deadID, status, int64(deliveries), postgres.Text(reason), attemptIn(retryIn))
 	}
 	if len(applied) > 0 {
 		b.Queue(redriveWakeSQL, r.proj.Name(), applied, deadIDs(events))

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/acme/orders/domain"
+	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/stream"
 )
 
@@ -728,7 +729,7 @@ func (r *Runner) deferAll(ctx context.Context, deferred []deferral) {
 	for i, d := range deferred {
 		e := d.e
 		tenants[i], ids[i], aggs[i], versions[i] = e.env.TenantID, e.env.ID, e.env.AggregateID, e.env.AggregateVersion
-		seqs[i], subjects[i], payloads[i], reasons[i] = int64(e.seq), e.subject, e.data, d.reason
+		seqs[i], subjects[i], payloads[i], reasons[i] = int64(e.seq), postgres.Text(e.subject), e.data, postgres.Text(d.reason)
 		deliveries[i], retryIn[i] = int32(min(e.deliveries, math.MaxInt32)), d.retryIn.Microseconds()
 	}
 	if _, err := r.db.Exec(ctx, deferralsInsertSQL, r.proj.Name(), tenants, ids, aggs, versions, seqs,

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/acme/orders/domain"
+	"github.com/acme/orders/postgres"
 )
 
 // Parking keeps a tenant's excess out of the consumer's in-flight window
@@ -169,7 +170,7 @@ func (w *Worker) parkFailed(ctx context.Context, consumer string, m jetstream.Ms
 // look the charge or refund up by key first).
 func (w *Worker) insertParked(ctx context.Context, consumer string, m jetstream.Msg, env domain.Envelope, seq uint64, failures, attempts int, delay time.Duration, reason string) error {
 	_, err := w.db.Exec(ctx, parkSQL, consumer, env.TenantID, env.ID, env.AggregateID, env.AggregateVersion, int64(seq),
-		m.Subject(), m.Data(), reason, int64(failures), attempts, delay.Microseconds())
+		postgres.Text(m.Subject()), m.Data(), postgres.Text(reason), int64(failures), attempts, delay.Microseconds())
 	return err
 }
 
@@ -376,7 +377,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 			delay := w.backoff(uint64(failed))
 			w.logger.WarnContext(ctx, "parked intent failed; retrying with the same key", "consumer", consumer, "id", p.ID,
 				"failures", failed, "retry_in", delay, "err", r.err)
-			tag, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, p.Lease, delay.Microseconds(), failed, r.err.Error())
+			tag, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, p.Lease, delay.Microseconds(), failed, postgres.Text(r.err.Error()))
 			break
 		}
 		r.err = fmt.Errorf("still failing after %d failed deliveries: %w", failed, r.err)
@@ -384,7 +385,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 	case dead:
 		w.stats.deadLettered(consumer)
 		w.logger.ErrorContext(ctx, "parked intent dead-lettered", "consumer", consumer, "id", p.ID, "err", r.err)
-		tag, err = w.db.Exec(ctx, parkedOpenSQL, p.ID, p.Lease, failed, r.err.Error())
+		tag, err = w.db.Exec(ctx, parkedOpenSQL, p.ID, p.Lease, failed, postgres.Text(r.err.Error()))
 	}
 	switch {
 	case err != nil:

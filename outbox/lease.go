@@ -36,7 +36,7 @@ func (w *worker) lease(ctx context.Context) (*pgx.Conn, []int16, error) {
 		// past it, the projectors' inbox) absorbs. That takes one fsync out
 		// of every relay round. The connection runs nothing but the relay's
 		// statements.
-		if _, err := conn.Exec(ctx, LeaseSettingsSQL); err != nil {
+		if _, err := conn.Exec(ctx, LeaseSettingsSQL+"; "+LeaseKeepaliveSQL); err != nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
 			return nil, nil, fmt.Errorf("set up the relay's connection: %w", err)
 		}

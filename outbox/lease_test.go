@@ -61,11 +61,14 @@ func TestLeaseConnectionIsProbedByTheServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var idle, interval, count string
-	if err := conn.QueryRow(ctx, `SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'), current_setting('tcp_keepalives_count')`).Scan(&idle, &interval, &count); err != nil {
+	var idle, interval, count, userTimeout string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'),
+       current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')`).Scan(&idle, &interval, &count, &userTimeout); err != nil {
 		t.Fatal(err)
 	}
-	if idle != "5" || interval != "2" || count != "3" {
-		t.Errorf("keepalives of the lease connection: idle %s, interval %s, count %s; want 5, 2, 3 (a TCP connection: %s)", idle, interval, count, testenv.DatabaseURL(t))
+	// Over a Unix socket these read 0: the tests connect over TCP.
+	if idle != "5" || interval != "2" || count != "3" || userTimeout != "11000" {
+		t.Errorf("the lease connection: keepalives idle %s, interval %s, count %s, user timeout %s; want 5, 2, 3, 11000 (a TCP connection: %s)",
+			idle, interval, count, userTimeout, testenv.DatabaseURL(t))
 	}
 }

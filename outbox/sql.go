@@ -29,12 +29,16 @@ FOR UPDATE SKIP LOCKED`
 	// statements are planned for their arguments each time: a generic plan
 	// of the claim or the mark, made while the outbox was nearly empty,
 	// scanned the whole outbox once it had grown (10 ms and growing, in the
-	// first minute of `make bench`). PostgreSQL probes it after 5 s of
-	// silence, every 2 s, 3 times: a relay whose host is cut off (no FIN
-	// ever reaches the server) loses its session, and so its partitions'
-	// locks, within about 11 s, not the kernel's default of over 2 hours.
-	LeaseSettingsSQL = `SET enable_bitmapscan = off; SET synchronous_commit = off; SET plan_cache_mode = force_custom_plan; ` +
-		`SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3`
+	// first minute of `make bench`).
+	LeaseSettingsSQL = `SET enable_bitmapscan = off; SET synchronous_commit = off; SET plan_cache_mode = force_custom_plan`
+
+	// LeaseKeepaliveSQL makes PostgreSQL probe the relay's own connection
+	// after 5 s of silence, every 2 s, 3 times, and give up on data it sent
+	// that stays unacknowledged for 11 s: a relay whose host is cut off (no
+	// FIN ever reaches the server) loses its session, and so its
+	// partitions' locks, within about 11 s, not after the kernel's default
+	// of over 2 hours of silence (or 15 minutes of retransmissions).
+	LeaseKeepaliveSQL = `SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3; SET tcp_user_timeout = 11000`
 
 	// OutboxPruneSQL deletes up to 1,000 rows published more than $1
 	// seconds ago.

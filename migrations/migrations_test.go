@@ -223,3 +223,42 @@ VALUES ('t1', 'POST /v1/orders', 'k', '\x01', 1, '{}', now() + interval '1 hour'
 		t.Errorf("after 019 and back: %q, want %q", got, before)
 	}
 }
+
+// Migration 020 makes due the rows parked behind an open dead letter of a
+// later version of their order (no next attempt: they waited for nothing
+// that could ever come), and leaves alone those behind an earlier open one
+// and those on a clock.
+func TestRowsParkedBehindALaterOpenDeadLetterBecomeDue(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migrateTo(t, conn, 19)
+	const a, b = "0193b1a8-7c2e-7000-8000-00000000000a", "0193b1a8-7c2e-7000-8000-00000000000b"
+	if _, err := conn.Exec(ctx, `
+INSERT INTO dead_letters (projection, tenant_id, aggregate_id, aggregate_version, stream_seq, subject, payload, error, deliveries, status, next_attempt_at)
+VALUES ('order_views', 't1', $1, 5, 5, 's', '\x7b7d', 'never applicable', 10, 'open', NULL),
+       ('order_views', 't1', $1, 4, 4, 's', '\x7b7d', 'behind the later v5', 1, 'parked', NULL),
+       ('order_views', 't1', $2, 2, 7, 's', '\x7b7d', 'poison', 1, 'open', NULL),
+       ('order_views', 't1', $2, 3, 8, 's', '\x7b7d', 'behind the earlier v2', 1, 'parked', NULL),
+       ('order_views', 't2', $2, 4, 9, 's', '\x7b7d', 'another tenant''s, behind nothing of its own', 1, 'parked', NULL),
+       ('payment_worker_charges', 't1', $1, 2, 10, 's', '\x7b7d', 'on its backoff', 1, 'parked', '2100-01-01')`, a, b); err != nil {
+		t.Fatal(err)
+	}
+	migrateTo(t, conn, 20)
+	rows, _ := conn.Query(ctx, `SELECT error FROM dead_letters WHERE next_attempt_at <= now() ORDER BY id`)
+	due, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"behind the later v5", "another tenant's, behind nothing of its own"}; !slices.Equal(due, want) {
+		t.Errorf("due after 020: %q, want %q", due, want)
+	}
+	var later int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM dead_letters WHERE next_attempt_at = '2100-01-01'`).Scan(&later); err != nil || later != 1 {
+		t.Errorf("the row on a clock: %d left at its time, %v", later, err)
+	}
+	migrateTo(t, conn, 19)
+}

@@ -29,6 +29,28 @@ ORDER BY next_attempt_at
 LIMIT $2
 FOR UPDATE SKIP LOCKED`
 
+// orphanReleaseTicks is how many re-drive intervals go between two runs of
+// releaseOrphansSQL (30 s by default).
+const orphanReleaseTicks = 30
+
+// releaseOrphansSQL makes due (up to 1,000 of) the rows of projection $1
+// parked behind an open dead letter that is open no longer: one parked
+// while an operator's retry or discard resolved that dead letter, whose
+// wake of the order's parked successors ran before the row was there. With
+// no next attempt, nothing else would ever take it. A row released wrongly
+// costs one re-drive, which parks it again behind what holds it.
+const releaseOrphansSQL = `
+UPDATE dead_letters SET next_attempt_at = now()
+WHERE id IN (
+    SELECT p.id FROM dead_letters p
+    WHERE p.projection = $1 AND p.status = 'parked' AND p.next_attempt_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM dead_letters o
+                      WHERE o.projection = p.projection AND o.aggregate_id = p.aggregate_id
+                        AND o.tenant_id = p.tenant_id
+                        AND o.status = 'open' AND o.aggregate_version < p.aggregate_version)
+    LIMIT 1000
+    FOR UPDATE SKIP LOCKED)`
+
 // redriveUpdateSQL records one re-driven event's result; a parked one is
 // due again $5 microseconds from now (NULL: not on a clock).
 const redriveUpdateSQL = `
@@ -51,11 +73,22 @@ WHERE projection = $1 AND aggregate_id = ANY($2) AND status = 'parked' AND next_
 func (r *Runner) redriveLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.RedriveInterval)
 	defer t.Stop()
+	var lastRelease time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if time.Since(lastRelease) >= orphanReleaseTicks*r.cfg.RedriveInterval {
+			lastRelease = time.Now()
+			if tag, err := r.db.Exec(ctx, releaseOrphansSQL, r.proj.Name()); err != nil {
+				if ctx.Err() == nil {
+					r.logger.ErrorContext(ctx, "release parked events whose dead letter was resolved; will try again", "err", err)
+				}
+			} else if n := tag.RowsAffected(); n > 0 {
+				r.logger.WarnContext(ctx, "released parked events whose dead letter was resolved while they were parked", "events", n)
+			}
 		}
 		for ctx.Err() == nil {
 			n, err := r.redrive(ctx)

@@ -148,6 +148,31 @@ func TestOpenLaterVersionDoesNotHoldBackALateEarlierOne(t *testing.T) {
 	}
 }
 
+// A row parked behind an open dead letter that an operator resolved while
+// the row was being written (the resolution's wake of the order's parked
+// successors ran before it existed) is released, not left with no next
+// attempt for ever.
+func TestARowParkedBehindAResolvedDeadLetterIsReleased(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{RedriveInterval: 10 * time.Millisecond, RetryDelay: time.Millisecond})
+	evs := orderEvents(t, "t1", "c-1")
+	data, err := json.Marshal(evs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &event{subject: stream.Subject(evs[0].Type), data: data, env: evs[0], deliveries: 1}
+	if err := f.runner.deadLetter(context.Background(), f.db, e, statusParked, reasonBehindOpen, noAttempt); err != nil {
+		t.Fatal(err)
+	}
+	f.run(t)
+	eventually(t, "the orphan is re-driven", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = $1 AND status = 'retried'`, evs[0].ID) == 1
+	})
+	if v, _ := f.view(t, evs[0].AggregateID); v != 1 {
+		t.Fatalf("view version = %d, want 1", v)
+	}
+}
+
 // A parked row whose payload is no event cannot be re-driven: it becomes an
 // open dead letter with a reason, instead of being selected again forever.
 func TestUndecodableParkedRowIsOpened(t *testing.T) {

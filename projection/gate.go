@@ -111,6 +111,20 @@ SET stream_seq = GREATEST(projection_checkpoints.stream_seq, EXCLUDED.stream_seq
 	NotifyAppliedSQL = `SELECT pg_notify('projection_applied', $1)`
 )
 
+// queue checks each event's envelope (domain.Envelope.CheckValues: no
+// projection consumes an event of a newer schema, or one whose time JSON
+// cannot hold, whether or not it uses the event's type: each is
+// dead-lettered for its order, to be retried after the upgrade) and queues
+// the projection's writes of envs to b.
+func (r *Runner) queue(b *pgx.Batch, envs []domain.Envelope) error {
+	for _, env := range envs {
+		if err := env.CheckValues(); err != nil {
+			return err
+		}
+	}
+	return r.proj.Queue(b, envs)
+}
+
 // commit applies events in one transaction of their own and, after it
 // committed, reports the orders it applied (and their versions) to
 // Config.Applied. The common batch (every event new and next in line)
@@ -329,7 +343,7 @@ func (r *Runner) commitTx(ctx context.Context, tx pgx.Tx, events []*event) error
 	}
 	// The projection's writes and the positions, in one round trip.
 	b := &pgx.Batch{}
-	if err := r.proj.Queue(b, envelopes(applied)); err != nil {
+	if err := r.queue(b, envelopes(applied)); err != nil {
 		return fmt.Errorf("apply %d events: %w", len(applied), err)
 	}
 	args, orders := advanceArgs(name, applied, func(id uuid.UUID, _ int64) int64 { return found[id] })
@@ -450,7 +464,7 @@ func (r *Runner) commitPipelined(ctx context.Context, events []*event) bool {
 		return err
 	})
 	writes := len(b.QueuedQueries)
-	if err := r.proj.Queue(b, envelopes(live)); err != nil {
+	if err := r.queue(b, envelopes(live)); err != nil {
 		return false // the careful way reports it
 	}
 	// A write's own check that fails refuses the batch like a premise

@@ -640,8 +640,8 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 		default:
 			err = e.msg.Ack()
 			r.stats[e.outcome].Add(1)
-			if o := r.obs.CommitToAppliedSeconds; o != nil && e.outcome == Applied {
-				o.Observe(time.Since(e.env.OccurredAt).Seconds())
+			if o := r.obs.CommitToAppliedSeconds; o != nil && e.outcome == Applied && !e.env.OccurredAt.IsZero() {
+				o.Observe(max(0, time.Since(e.env.OccurredAt).Seconds())) // no time (an old event), or another clock's
 			}
 		}
 		if err != nil {

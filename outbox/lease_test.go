@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/acme/orders/internal/testenv"
 	"github.com/acme/orders/postgres"
 )
@@ -19,18 +22,7 @@ import (
 func TestLeaseConnectionPlansPerStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	pool, err := postgres.Open(ctx, testenv.DatabaseURL(t), 4, 10*time.Second, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	w := &worker{r: &Relay{db: pool, logger: logger, cfg: Config{TakeoverInterval: time.Second}}, logger: logger, maxPartitions: Partitions}
-	t.Cleanup(w.release)
-	conn, _, err := w.lease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, pool := leaseConnection(t)
 	var lease, other string
 	if err := conn.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&lease); err != nil {
 		t.Fatal(err)
@@ -49,6 +41,24 @@ func TestLeaseConnectionPlansPerStatement(t *testing.T) {
 func TestLeaseConnectionIsProbedByTheServer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+	conn, _ := leaseConnection(t)
+	var idle, interval, count, userTimeout string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'),
+       current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')`).Scan(&idle, &interval, &count, &userTimeout); err != nil {
+		t.Fatal(err)
+	}
+	// Over a Unix socket these read 0: the tests connect over TCP.
+	if idle != "5" || interval != "2" || count != "3" || userTimeout != "11000" {
+		t.Errorf("the lease connection: keepalives idle %s, interval %s, count %s, user timeout %s; want 5, 2, 3, 11000 (a TCP connection: %s)",
+			idle, interval, count, userTimeout, testenv.DatabaseURL(t))
+	}
+}
+
+// leaseConnection returns a relay worker's lease connection, and the pool
+// it came from, on a database of the test's own.
+func leaseConnection(t *testing.T) (*pgx.Conn, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	pool, err := postgres.Open(ctx, testenv.DatabaseURL(t), 4, 10*time.Second, logger)
 	if err != nil {
@@ -61,14 +71,5 @@ func TestLeaseConnectionIsProbedByTheServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var idle, interval, count, userTimeout string
-	if err := conn.QueryRow(ctx, `SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'),
-       current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')`).Scan(&idle, &interval, &count, &userTimeout); err != nil {
-		t.Fatal(err)
-	}
-	// Over a Unix socket these read 0: the tests connect over TCP.
-	if idle != "5" || interval != "2" || count != "3" || userTimeout != "11000" {
-		t.Errorf("the lease connection: keepalives idle %s, interval %s, count %s, user timeout %s; want 5, 2, 3, 11000 (a TCP connection: %s)",
-			idle, interval, count, userTimeout, testenv.DatabaseURL(t))
-	}
+	return conn, pool
 }

@@ -26,13 +26,19 @@ type fixture struct {
 
 func newFixture(t *testing.T, cfg Config) fixture {
 	t.Helper()
+	return newFixtureFor(t, OrderViews{}, cfg)
+}
+
+// newFixtureFor is newFixture with a runner of proj.
+func newFixtureFor(t *testing.T, proj Projection, cfg Config) fixture {
+	t.Helper()
 	db := testenv.DB(t)
 	js := testenv.JetStream(t)
 	if _, err := stream.Ensure(context.Background(), js, stream.Settings{}); err != nil {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(testLogOutput(), nil))
-	return fixture{db: db, js: js, runner: mustRunner(t, db, js, OrderViews{}, logger, cfg)}
+	return fixture{db: db, js: js, runner: mustRunner(t, db, js, proj, logger, cfg)}
 }
 
 // run runs the runner until the test ends.
@@ -237,9 +243,7 @@ func TestEventsNoCommandWritesAreDeadLetteredByEveryProjection(t *testing.T) {
 	for _, proj := range []Projection{OrderViews{}, CustomerSummaries{}, DailySales{}} {
 		t.Run(proj.Name(), func(t *testing.T) {
 			t.Parallel()
-			cfg := Config{AckWait: time.Second}
-			f := newFixture(t, cfg)
-			f.runner = mustRunner(t, f.db, f.js, proj, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
+			f := newFixtureFor(t, proj, Config{AckWait: time.Second})
 			nulTenant := createdEvent(t, uuid.Must(uuid.NewV7()))
 			nulTenant.TenantID = "t\x00evil"
 			newer := createdEvent(t, uuid.Must(uuid.NewV7()))
@@ -295,9 +299,7 @@ func TestAnUnknownEventOfANewerSchemaOrAnUnrepresentableTimeIsDeadLetteredForIts
 	for _, proj := range []Projection{OrderViews{}, CustomerSummaries{}, DailySales{}} {
 		t.Run(proj.Name(), func(t *testing.T) {
 			t.Parallel()
-			cfg := Config{AckWait: time.Second}
-			f := newFixture(t, cfg)
-			f.runner = mustRunner(t, f.db, f.js, proj, slog.New(slog.NewTextHandler(testLogOutput(), nil)), cfg)
+			f := newFixtureFor(t, proj, Config{AckWait: time.Second})
 			var bad []domain.Envelope
 			for _, newer := range []bool{false, true} {
 				v1 := createdEvent(t, uuid.Must(uuid.NewV7()))

@@ -68,7 +68,7 @@ type Config struct {
 
 func (c *Config) validate() error {
 	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Timeout: DefaultAttemptTimeout}
+		c.HTTPClient = &http.Client{Timeout: DefaultAttemptTimeout, CheckRedirect: keepMethod}
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
@@ -156,7 +156,9 @@ type Meta struct {
 	// IdempotencyKey is the key every attempt of a command carried (empty
 	// for reads). Keep it to reconcile a call whose outcome is unknown.
 	IdempotencyKey string
-	// Attempts is how many requests the call sent.
+	// Attempts is how many attempts the call made. net/http itself may
+	// send an attempt twice (same key, same body), when the kept-alive
+	// connection it chose closed before any answer.
 	Attempts int
 	// Status is the HTTP status of the last answer (0 if none arrived).
 	Status int
@@ -238,6 +240,7 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 	what := r.method + " " + r.path
 
 	var payload []byte
+	var key string // every attempt's, whatever the caller does with meta meanwhile
 	if r.body != nil {
 		b, err := json.Marshal(r.body)
 		if err != nil {
@@ -252,14 +255,15 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 			return fmt.Errorf("%s: Idempotency-Key %q must be 1 to 255 printable ASCII characters, without a comma, "+
 				"a leading quote or spaces at either end (the server would refuse it, or store another key)", what, k)
 		}
-		meta.IdempotencyKey = cc.key
-		if meta.IdempotencyKey == "" {
+		key = cc.key
+		if key == "" {
 			id, err := uuid.NewV7()
 			if err != nil {
 				return fmt.Errorf("%s: new Idempotency-Key: %w", what, err)
 			}
-			meta.IdempotencyKey = id.String()
+			key = id.String()
 		}
+		meta.IdempotencyKey = key
 	}
 	u := c.base.String() + r.path // path segments are escaped already
 	if len(r.query) > 0 {
@@ -269,7 +273,7 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 	var last error
 	for attempt := 1; ; attempt++ {
 		meta.Attempts = attempt
-		res, err := c.send(ctx, r.method, u, payload, r, meta.IdempotencyKey, cc)
+		res, err := c.send(ctx, r.method, u, payload, r, key, cc)
 		var wait time.Duration
 		switch {
 		case err != nil && ctx.Err() != nil:
@@ -288,14 +292,20 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 			meta.Location, meta.ETag = res.header.Get("Location"), res.header.Get("ETag")
 			meta.KeyExpires, _ = http.ParseTime(res.header.Get("Idempotency-Key-Expires"))
 			if res.status >= 200 && res.status < 300 {
-				meta.Definitive = true
 				if r.out == nil {
+					meta.Definitive = true
 					return nil
 				}
-				if err := json.Unmarshal(res.body, r.out); err != nil {
-					return fmt.Errorf("%s: decode %d answer: %w", what, res.status, err)
+				err := json.Unmarshal(res.body, r.out)
+				if err == nil {
+					meta.Definitive = true
+					return nil
 				}
-				return nil
+				// A body cut short (a proxy's answer without a length,
+				// its connection lost) or not ours: like a lost answer,
+				// sent again with the same key, whose replay is whole.
+				last = fmt.Errorf("%s: decode %d answer: %w", what, res.status, err)
+				break
 			}
 			p := newProblem(res)
 			last = fmt.Errorf("%s: %w", what, p)
@@ -368,12 +378,31 @@ func visibleASCII(s string) bool { return printableASCII(s) && !strings.Contains
 // errNewRequest marks a request that could not be built: never retried.
 var errNewRequest = errors.New("new request")
 
+// errRedirected marks an answer to another method than the one sent: a
+// redirect (of a proxy or load balancer in front of the api) that net/http
+// followed with a GET. It answers nothing the call asked; sending again
+// would only be redirected again.
+var errRedirected = errors.New("redirected")
+
+// keepMethod is the default HTTP client's redirect policy: follow a
+// redirect only if it keeps the method (and so the body), at most 10.
+// Otherwise the redirect itself is the answer (a 3xx: final).
+func keepMethod(req *http.Request, via []*http.Request) error {
+	if req.Method != via[0].Method {
+		return http.ErrUseLastResponse
+	}
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	return nil
+}
+
 // retryableErr reports whether a failed attempt may be sent again: any
 // failure to get a whole answer (refused or reset connection, timeout, a
 // response cut short), since the server may or may not have executed it
 // and the key makes sending it again safe.
 func retryableErr(err error) bool {
-	return !errors.Is(err, errNewRequest)
+	return !errors.Is(err, errNewRequest) && !errors.Is(err, errRedirected)
 }
 
 // backoff is the full-jitter backoff before retry n (n ≥ 1).
@@ -426,6 +455,10 @@ func (c *Client) send(ctx context.Context, method, u string, payload []byte, r r
 		return response{}, err
 	}
 	defer res.Body.Close()
+	if res.Request != nil && res.Request.Method != method {
+		return response{}, fmt.Errorf("%w: a %s answered %s %s, redirected to %s %s (a proxy in front of the api? a redirect must keep the method)",
+			errRedirected, res.Status, method, u, res.Request.Method, res.Request.URL.Redacted())
+	}
 	b, err := io.ReadAll(io.LimitReader(res.Body, maxResponseBytes))
 	if err != nil {
 		return response{}, fmt.Errorf("read %d answer: %w", res.StatusCode, err)

@@ -114,26 +114,29 @@ func newProblem(res response) *Problem {
 	}
 	p.Status = res.status // the header wins over the body
 	p.Location = res.header.Get("Location")
-	p.RetryAfter = retryAfter(res.header.Get("Retry-After"))
-	p.retryAfterSet = res.header.Get("Retry-After") != ""
+	p.RetryAfter, p.retryAfterSet = retryAfter(res.header.Get("Retry-After"))
 	return p
 }
 
-// retryAfter reads Retry-After: seconds or an HTTP date.
-func retryAfter(v string) time.Duration {
+// retryAfter reads Retry-After: seconds or an HTTP date. ok is false when
+// there is none, or none that reads as either (a proxy's garbage does not
+// make a final answer retryable).
+func retryAfter(v string) (d time.Duration, ok bool) {
+	v = strings.TrimSpace(v)
 	if v == "" {
-		return 0
+		return 0, false
 	}
-	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n >= 0 {
-		if n > math.MaxInt64/int(time.Second) { // past 292 years: wait "forever", never wrap to a short or negative wait
-			return math.MaxInt64
+	if strings.Trim(v, "0123456789") == "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n > math.MaxInt64/int64(time.Second) { // past 292 years: wait "forever", never wrap to a short or negative wait
+			return math.MaxInt64, true
 		}
-		return time.Duration(n) * time.Second
+		return time.Duration(n) * time.Second, true
 	}
 	if t, err := http.ParseTime(v); err == nil {
-		return max(0, time.Until(t))
+		return max(0, time.Until(t)), true
 	}
-	return 0
+	return 0, false
 }
 
 // AsProblem returns the *Problem in err's chain, or nil.

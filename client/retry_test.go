@@ -296,7 +296,7 @@ func TestMetaTellsDefinitiveFromGaveUp(t *testing.T) {
 // retried at once.
 func TestARetryAfterPastTheClientsLimitEndsTheCall(t *testing.T) {
 	t.Parallel()
-	for _, ra := range []string{"18446744074", "9223372037", "9223372036854775807", "3601"} {
+	for _, ra := range []string{"18446744074", "9223372037", "9223372036854775807", "9223372036854775808", "99999999999999999999", "3601"} {
 		t.Run(ra, func(t *testing.T) {
 			var hits atomic.Int32
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -383,5 +383,115 @@ func TestAKeyIsStoredExactlyAsGiven(t *testing.T) {
 	}
 	if n := ordersOf(t, tenant); n != before {
 		t.Fatalf("%d orders after the refused keys, want %d", n, before)
+	}
+}
+
+// A redirect that would change the method (a proxy's 301 from http to
+// https, say: net/http follows it with a GET, without the body) is not
+// followed by the default client: the 301 is the answer, final. With an
+// HTTP client of the caller's own that follows it, the call fails without
+// a retry rather than take the GET's answer for the command's.
+func TestAMethodChangingRedirectIsNeverTakenForTheAnswer(t *testing.T) {
+	t.Parallel()
+	const order = `{"id":"0190b0b0-0000-7000-8000-000000000001","customer_id":"c-1","status":"pending","currency":"EUR","items":[],"total":0,"version":1}`
+	var posts, gets atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			posts.Add(1)
+			http.Redirect(w, r, r.URL.Path, http.StatusMovedPermanently)
+			return
+		}
+		gets.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(order))
+	}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		name string
+		opts []client.Option
+	}{
+		{"the default HTTP client", nil},
+		{"an HTTP client that follows every redirect", []client.Option{client.WithHTTPClient(&http.Client{})}},
+	} {
+		posts.Store(0)
+		gets.Store(0)
+		c, err := client.New(srv.URL, "tok", append(tc.opts, client.WithBackoff(time.Millisecond, 5*time.Millisecond))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta client.Meta
+		o, err := c.CreateOrder(context.Background(), newOrder("c-1"), client.WithMeta(&meta))
+		if err == nil || posts.Load() != 1 {
+			t.Errorf("%s: order %+v, err %v after %d POSTs; want an error after one", tc.name, o, err, posts.Load())
+		}
+		if tc.opts == nil && (gets.Load() != 0 || client.AsProblem(err) == nil || client.AsProblem(err).Status != http.StatusMovedPermanently) {
+			t.Errorf("%s: %d GETs, err %v; want the 301 as the answer, no GET", tc.name, gets.Load(), err)
+		}
+	}
+}
+
+// A 2xx whose body is cut short (a proxy's answer without a length whose
+// connection is lost) is sent again with the same key, like a lost answer:
+// the replay carries the whole order. It used to end the call, marked
+// definitive, while the order existed.
+func TestASuccessCutShortIsSentAgainWithTheSameKey(t *testing.T) {
+	t.Parallel()
+	const order = `{"id":"0190b0b0-0000-7000-8000-000000000001","customer_id":"c-1","status":"pending","currency":"EUR","items":[],"total":0,"version":1}`
+	var hits atomic.Int32
+	keys := make(chan string, 2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		keys <- r.Header.Get("Idempotency-Key")
+		if hits.Add(1) == 1 {
+			conn, buf, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_, _ = buf.WriteString("HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + order[:40])
+			_ = buf.Flush()
+			_ = conn.Close()
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(order))
+	}))
+	defer srv.Close()
+	c, err := client.New(srv.URL, "tok", client.WithBackoff(time.Millisecond, 5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta client.Meta
+	o, err := c.CreateOrder(context.Background(), newOrder("c-1"), client.WithMeta(&meta))
+	if err != nil || o.ID == "" || meta.Attempts != 2 || !meta.Replayed || !meta.Definitive {
+		t.Fatalf("order %+v, err %v, meta %+v; want the replayed order on attempt 2", o, err, meta)
+	}
+	if first, second := <-keys, <-keys; first != second {
+		t.Fatalf("keys %q then %q; want one", first, second)
+	}
+}
+
+// A Retry-After that reads as neither seconds nor a date (a proxy's
+// garbage) does not make a final 409 retryable.
+func TestAnUnreadableRetryAfterLeavesAConflictFinal(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.Header().Set("Retry-After", "soon")
+		w.WriteHeader(http.StatusConflict)
+		_, _ = w.Write([]byte(`{"type":"about:blank","title":"conflict","status":409}`))
+	}))
+	defer srv.Close()
+	c, err := client.New(srv.URL, "tok", client.WithBackoff(time.Millisecond, 5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta client.Meta
+	_, err = c.CreateOrder(context.Background(), newOrder("c-1"), client.WithMeta(&meta))
+	if hits.Load() != 1 || !meta.Definitive || client.AsProblem(err) == nil {
+		t.Fatalf("%d attempts, meta %+v, err %v; want one final 409", hits.Load(), meta, err)
 	}
 }

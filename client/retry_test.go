@@ -386,6 +386,9 @@ func TestAKeyIsStoredExactlyAsGiven(t *testing.T) {
 	}
 }
 
+// anOrder is an order as the api answers one.
+const anOrder = `{"id":"0190b0b0-0000-7000-8000-000000000001","customer_id":"c-1","status":"pending","currency":"EUR","items":[],"total":0,"version":1}`
+
 // A redirect that would change the method (a proxy's 301 from http to
 // https, say: net/http follows it with a GET, without the body) is not
 // followed by the default client: the 301 is the answer, final. With an
@@ -393,7 +396,6 @@ func TestAKeyIsStoredExactlyAsGiven(t *testing.T) {
 // a retry rather than take the GET's answer for the command's.
 func TestAMethodChangingRedirectIsNeverTakenForTheAnswer(t *testing.T) {
 	t.Parallel()
-	const order = `{"id":"0190b0b0-0000-7000-8000-000000000001","customer_id":"c-1","status":"pending","currency":"EUR","items":[],"total":0,"version":1}`
 	var posts, gets atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet {
@@ -403,7 +405,7 @@ func TestAMethodChangingRedirectIsNeverTakenForTheAnswer(t *testing.T) {
 		}
 		gets.Add(1)
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(order))
+		_, _ = w.Write([]byte(anOrder))
 	}))
 	defer srv.Close()
 	for _, tc := range []struct {
@@ -436,7 +438,6 @@ func TestAMethodChangingRedirectIsNeverTakenForTheAnswer(t *testing.T) {
 // definitive, while the order existed.
 func TestASuccessCutShortIsSentAgainWithTheSameKey(t *testing.T) {
 	t.Parallel()
-	const order = `{"id":"0190b0b0-0000-7000-8000-000000000001","customer_id":"c-1","status":"pending","currency":"EUR","items":[],"total":0,"version":1}`
 	var hits atomic.Int32
 	keys := make(chan string, 2)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -447,7 +448,7 @@ func TestASuccessCutShortIsSentAgainWithTheSameKey(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			_, _ = buf.WriteString("HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + order[:40])
+			_, _ = buf.WriteString("HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + anOrder[:40])
 			_ = buf.Flush()
 			_ = conn.Close()
 			return
@@ -455,7 +456,7 @@ func TestASuccessCutShortIsSentAgainWithTheSameKey(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Idempotent-Replayed", "true")
 		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write([]byte(order))
+		_, _ = w.Write([]byte(anOrder))
 	}))
 	defer srv.Close()
 	c, err := client.New(srv.URL, "tok", client.WithBackoff(time.Millisecond, 5*time.Millisecond))

@@ -296,6 +296,7 @@ func DecodeEnvelope(b []byte) (Envelope, error) {
 	// refused once its order is known (CheckValues), so that its dead
 	// letter names the order and holds back its later events.
 	const maxTenant = 64
+	badTenant := checkText(env.TenantID, 1, maxTenant, singleLine)
 	switch {
 	case env.ID == uuid.Nil:
 		return env, fmt.Errorf("%w: no id", ErrMalformedEvent)
@@ -303,8 +304,8 @@ func DecodeEnvelope(b []byte) (Envelope, error) {
 		return env, fmt.Errorf("%w: no type", ErrMalformedEvent)
 	case env.TenantID == "":
 		return env, fmt.Errorf("%w: no tenant_id", ErrMalformedEvent)
-	case checkText(env.TenantID, 1, maxTenant, singleLine) != "":
-		return env, fmt.Errorf("%w: tenant_id %s", ErrMalformedEvent, checkText(env.TenantID, 1, maxTenant, singleLine))
+	case badTenant != "":
+		return env, fmt.Errorf("%w: tenant_id %s", ErrMalformedEvent, badTenant)
 	case env.AggregateID == uuid.Nil:
 		return env, fmt.Errorf("%w: no aggregate_id", ErrMalformedEvent)
 	case env.AggregateVersion < 1:

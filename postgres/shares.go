@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -10,13 +11,26 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// Shares is a DB that bounds the connections each tenant's requests hold at
-// once (G9): a tenant's request past its share waits for one of that
-// tenant's own statements to end, not for the pool, so another tenant's
-// request finds a connection however slow the first tenant's statements are
-// (a list that walks a large history, say). Without it a tenant within its
-// in-flight limit (64 by default) held all of an api's 20 connections, and
-// every other tenant's one-row read queued behind its slow ones.
+// Shares is a DB that bounds the connections tenants' requests hold (G9),
+// so that no tenant's slow statements (a list that walks a large history,
+// say) keep another tenant's request from a connection:
+//
+//   - one tenant's requests hold at most share connections at once; its
+//     request past that waits for one of the tenant's own statements to end;
+//   - all tenants' requests together hold at most conns (the pool's
+//     connections less what others need, such as the group commit's
+//     batches), and the last conns-share of them only go to a tenant that
+//     holds none: however many tenants are busy, a tenant that holds no
+//     connection finds one as long as fewer than conns-share tenants hold
+//     some;
+//   - when a connection is given back, the waiting tenant that holds the
+//     fewest gets it, so two busy tenants end up with equal halves whoever
+//     came first.
+//
+// Without the first rule, one tenant within its in-flight limit (64 by
+// default) held all of an api's 20 connections, and every other tenant's
+// one-row read queued behind its slow ones; without the other two, two such
+// tenants at their share of 12 took all 16 connections between them.
 //
 // A statement counts against the tenant of its context (ForTenant); one
 // without a tenant (the relay, health checks, token look-ups) is not
@@ -24,26 +38,33 @@ import (
 // (a transaction, rows not yet closed), its other statements use that share
 // too, so no request waits on itself.
 type Shares struct {
-	db    DB
-	share int
+	db      DB
+	conns   int // most connections all tenants' requests hold together
+	share   int // most connections one tenant's requests hold
+	reserve int // the last of conns, only for a tenant that holds none
 
 	mu      sync.Mutex
-	tenants map[string]*tenantShare
+	used    int                     // connections tenants' requests hold
+	tenants map[string]*tenantShare // tenants holding or waiting
+	waiting []*tenantShare          // tenants with requests waiting, oldest first
 }
 
 type tenantShare struct {
-	slots chan struct{}
-	refs  int // requests holding or waiting for a slot; at 0 the entry goes
+	name    string
+	held    int
+	waiters []chan struct{} // oldest first; each is sent to once when granted
 }
 
 var _ DB = (*Shares)(nil)
 
-// NewShares returns db with each tenant's connections bounded to share.
-func NewShares(db DB, share int) (*Shares, error) {
-	if share < 1 {
-		return nil, fmt.Errorf("tenant share of connections must be at least 1, got %d", share)
+// NewShares returns db with tenants' connections bounded: share for each
+// tenant, conns for all of them, and the last conns-share of those only for
+// a tenant that holds none.
+func NewShares(db DB, conns, share int) (*Shares, error) {
+	if share < 1 || share > conns {
+		return nil, fmt.Errorf("tenant share of connections must be 1 to the %d tenants may hold, got %d", conns, share)
 	}
-	return &Shares{db: db, share: share, tenants: map[string]*tenantShare{}}, nil
+	return &Shares{db: db, conns: conns, share: share, reserve: conns - share, tenants: map[string]*tenantShare{}}, nil
 }
 
 // ticket is one request's claim on its tenant's share; held counts the
@@ -63,8 +84,8 @@ func ForTenant(ctx context.Context, tenant string) context.Context {
 	return context.WithValue(ctx, ticketKey{}, &ticket{tenant: tenant})
 }
 
-// acquire takes a slot of ctx's tenant (or joins the one its request holds)
-// and returns its release, to be called once.
+// acquire takes a connection's slot for ctx's tenant (or joins the one its
+// request holds) and returns its release, to be called once.
 func (s *Shares) acquire(ctx context.Context) (func(), error) {
 	t, _ := ctx.Value(ticketKey{}).(*ticket)
 	if t == nil {
@@ -78,32 +99,122 @@ func (s *Shares) acquire(ctx context.Context) (func(), error) {
 	}
 	t.mu.Unlock()
 
-	s.mu.Lock()
-	ts := s.tenants[t.tenant]
-	if ts == nil {
-		ts = &tenantShare{slots: make(chan struct{}, s.share)}
-		s.tenants[t.tenant] = ts
-	}
-	ts.refs++
-	s.mu.Unlock()
-
-	select {
-	case ts.slots <- struct{}{}:
-	case <-ctx.Done():
-		s.unref(t.tenant, ts)
-		return nil, ctx.Err()
+	ts, err := s.take(ctx, t.tenant)
+	if err != nil {
+		return nil, err
 	}
 	t.mu.Lock()
 	if t.held > 0 { // the request's other statement took a slot meanwhile: join it
 		t.held++
 		t.mu.Unlock()
-		<-ts.slots
-		s.unref(t.tenant, ts)
+		s.give(ts)
 		return s.releaser(t), nil
 	}
 	t.held, t.share = 1, ts
 	t.mu.Unlock()
 	return s.releaser(t), nil
+}
+
+// take takes a slot for tenant, waiting behind the tenant's earlier
+// requests until one is granted or ctx ends.
+func (s *Shares) take(ctx context.Context, tenant string) (*tenantShare, error) {
+	s.mu.Lock()
+	ts := s.tenants[tenant]
+	if ts == nil {
+		ts = &tenantShare{name: tenant}
+		s.tenants[tenant] = ts
+	}
+	if len(ts.waiters) == 0 && s.may(ts) {
+		ts.held++
+		s.used++
+		s.mu.Unlock()
+		return ts, nil
+	}
+	granted := make(chan struct{}, 1)
+	ts.waiters = append(ts.waiters, granted)
+	if len(ts.waiters) == 1 {
+		s.waiting = append(s.waiting, ts)
+	}
+	s.mu.Unlock()
+
+	select {
+	case <-granted:
+		return ts, nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	if i := slices.Index(ts.waiters, granted); i >= 0 {
+		ts.waiters = slices.Delete(ts.waiters, i, i+1)
+		if len(ts.waiters) == 0 {
+			s.notWaiting(ts)
+		}
+		s.forget(ts)
+		s.mu.Unlock()
+		return nil, ctx.Err()
+	}
+	s.mu.Unlock()
+	s.give(ts) // granted as ctx ended
+	return nil, ctx.Err()
+}
+
+// may reports whether ts may take a slot now; s.mu is held.
+func (s *Shares) may(ts *tenantShare) bool {
+	switch {
+	case ts.held >= s.share:
+		return false
+	case ts.held == 0:
+		return s.used < s.conns
+	default:
+		return s.used < s.conns-s.reserve
+	}
+}
+
+// give gives back one of ts's slots and grants what it frees.
+func (s *Shares) give(ts *tenantShare) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ts.held--
+	s.used--
+	s.grant()
+	s.forget(ts)
+}
+
+// grant gives free slots to waiting requests, each to the oldest request
+// of the waiting tenant that holds the fewest and may take one; s.mu is
+// held.
+func (s *Shares) grant() {
+	for {
+		var next *tenantShare
+		for _, ts := range s.waiting {
+			if s.may(ts) && (next == nil || ts.held < next.held) {
+				next = ts
+			}
+		}
+		if next == nil {
+			return
+		}
+		granted := next.waiters[0]
+		next.waiters = slices.Delete(next.waiters, 0, 1)
+		if len(next.waiters) == 0 {
+			s.notWaiting(next)
+		}
+		next.held++
+		s.used++
+		granted <- struct{}{}
+	}
+}
+
+func (s *Shares) notWaiting(ts *tenantShare) {
+	if i := slices.Index(s.waiting, ts); i >= 0 {
+		s.waiting = slices.Delete(s.waiting, i, i+1)
+	}
+}
+
+// forget drops ts once it holds and waits for nothing; s.mu is held.
+func (s *Shares) forget(ts *tenantShare) {
+	if ts.held == 0 && len(ts.waiters) == 0 {
+		delete(s.tenants, ts.name)
+	}
 }
 
 // releaser returns the release of one of t's statements: the last one gives
@@ -121,17 +232,8 @@ func (s *Shares) releaser(t *ticket) func() {
 			}
 			t.share = nil
 			t.mu.Unlock()
-			<-ts.slots
-			s.unref(t.tenant, ts)
+			s.give(ts)
 		})
-	}
-}
-
-func (s *Shares) unref(tenant string, ts *tenantShare) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ts.refs--; ts.refs == 0 {
-		delete(s.tenants, tenant)
 	}
 }
 
@@ -275,7 +377,18 @@ func (s *Shares) Held(tenant string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ts := s.tenants[tenant]; ts != nil {
-		return len(ts.slots)
+		return ts.held
+	}
+	return 0
+}
+
+// Waiting reports how many of tenant's statements wait for a slot now (for
+// tests and metrics).
+func (s *Shares) Waiting(tenant string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ts := s.tenants[tenant]; ts != nil {
+		return len(ts.waiters)
 	}
 	return 0
 }

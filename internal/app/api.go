@@ -316,21 +316,22 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	// -db-pool-size.
 	poolMax := int(pool.Config().MaxConns)
 	// The group commit's batches (their creates are many tenants') count
-	// against no tenant's share, so the default share is three quarters
-	// of what they leave: one tenant's statements and batches full of its
-	// creates still leave a quarter of that to the others.
+	// against no tenant's share, so tenants hold at most what they leave,
+	// and one tenant three quarters of that: the last quarter only goes
+	// to a tenant that holds no connection (postgres.Shares).
 	groupSlots, err := createGroupSlots(cfg.createGroupSlots, poolMax)
 	if err != nil {
 		return err
 	}
+	tenantConns := poolMax - groupSlots
 	share := cfg.tenantDBShare
 	if share == 0 {
-		share = max(1, (poolMax-groupSlots)*3/4)
+		share = max(1, tenantConns*3/4)
 	}
-	if share > poolMax {
-		return fmt.Errorf("-tenant-db-share must be 1 to the pool's %d connections, got %d", poolMax, share)
+	if share > tenantConns {
+		return fmt.Errorf("-tenant-db-share must be 1 to the %d connections the create group's %d slots leave of the pool's %d, got %d", tenantConns, groupSlots, poolMax, share)
 	}
-	shares, err := postgres.NewShares(pool, share)
+	shares, err := postgres.NewShares(pool, tenantConns, share)
 	if err != nil {
 		return err
 	}

@@ -81,6 +81,23 @@ func TestLifecycleOverHTTP(t *testing.T) {
 			t.Fatalf("PATCH with If-Match %s (the ETag is \"3\"): %d %s", tag, r.status, r.body)
 		}
 	}
+	// Two If-Match lines are one list (RFC 9110, 5.3), refused as the
+	// same list in one line is; the first line alone was taken before.
+	for i, tags := range [][]string{{`"3"`, `"9"`}, {`"3", "9"`}} {
+		req, _ := http.NewRequest(http.MethodPatch, a.url+"/v1/orders/"+created.ID, strings.NewReader(patch))
+		req.Header.Set("Authorization", "Bearer "+a.token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "patch-list-"+strconv.Itoa(i))
+		req.Header["If-Match"] = tags
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusPreconditionFailed {
+			t.Fatalf("PATCH with If-Match lines %q: %d, want 412", tags, res.StatusCode)
+		}
+	}
 	patched := step(http.MethodPatch, "", "patch-2", patch, map[string]string{"If-Match": `"3"`})
 	if o := decodeOrder(t, patched); patched.status != 200 || o.Version != 4 || o.Note != "ring twice" || o.ShippingAddress == nil ||
 		o.ShippingAddress.City != "Berlin" || patched.header.Get("ETag") != `"4"` {

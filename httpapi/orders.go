@@ -298,8 +298,10 @@ func (s *Server) updateOrder(w http.ResponseWriter, r *http.Request) {
 
 // ifMatchVersion reads If-Match: "<version>" (a strong ETag of an order).
 // A missing header is 428: a change must say which version it was made on.
+// Its lines are joined as one list (RFC 9110, 5.3), so two lines are
+// refused as a list in one line is: a change is made on one version.
 func ifMatchVersion(r *http.Request) (int64, *Problem) {
-	v := strings.TrimSpace(r.Header.Get("If-Match"))
+	v := strings.TrimSpace(strings.Join(r.Header.Values("If-Match"), ", "))
 	if v == "" {
 		return 0, problem(http.StatusPreconditionRequired, "if-match-required", "If-Match required",
 			`Send If-Match with the ETag of the order version you are changing, e.g. If-Match: "3".`)

@@ -9,11 +9,13 @@ package metrics
 import (
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Namespace prefixes every metric of ours.
@@ -35,10 +37,67 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// Handler serves reg in the Prometheus exposition format. A collector that
-// fails leaves its series out and the rest are served.
-func Handler(reg *prometheus.Registry) http.Handler {
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, Timeout: 10 * time.Second})
+// Scrapes bound what /metrics costs, whoever calls it (it takes no token):
+// every scrape within GatherEvery of a gathering is answered from it, one
+// gathering runs at a time (the scrapes that arrive meanwhile wait for it
+// and share it), and at most MaxScrapes are served at once, the others
+// answered 429 with Retry-After. Before, each scrape ran its own database
+// statements on the pool the tenants' requests use: 64 scrapers in a loop
+// took a tenant's one-row read from 0.3 ms to 59 ms (659 ms with 300,000
+// events unpublished, whose count two gauges read).
+const (
+	GatherEvery = 500 * time.Millisecond
+	MaxScrapes  = 4
+)
+
+// Handler serves reg in the Prometheus exposition format, within the bounds
+// above. A collector that fails leaves its series out and the rest are
+// served.
+func Handler(reg prometheus.Gatherer) http.Handler {
+	return HandlerEvery(reg, GatherEvery)
+}
+
+// HandlerEvery is Handler gathering at most once per every.
+func HandlerEvery(reg prometheus.Gatherer, every time.Duration) http.Handler {
+	h := promhttp.HandlerFor(&sharedGather{g: reg, every: every}, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, Timeout: 10 * time.Second})
+	slots := make(chan struct{}, MaxScrapes)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
+			h.ServeHTTP(w, r)
+		default:
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprintf(w, `{"type":"https://orders.acme.example/problems/scrapes-busy","title":"Too many scrapes","status":429,"detail":"%d scrapes of /metrics are being served; retry in a second."}`+"\n", MaxScrapes)
+		}
+	})
+}
+
+// sharedGather is a Gatherer whose gatherings are shared by the scrapes
+// within every of one, and never run two at a time.
+type sharedGather struct {
+	g     prometheus.Gatherer
+	every time.Duration
+
+	mu  sync.Mutex // held while gathering: later scrapes wait and share
+	at  time.Time
+	mfs []*dto.MetricFamily
+	err error
+}
+
+// Gather returns the last gathering if it is younger than every, else
+// gathers. The families are only read by the encoders, so scrapes may share
+// them.
+func (s *sharedGather) Gather() ([]*dto.MetricFamily, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.at.IsZero() || time.Since(s.at) >= s.every {
+		s.mfs, s.err = s.g.Gather()
+		s.at = time.Now()
+	}
+	return s.mfs, s.err
 }
 
 // HistogramOpts returns the options of histogram name (without the

@@ -490,17 +490,29 @@ func pingPool(pool *pgxpool.Pool) health.Check {
 }
 
 // backlogMetrics report what waits in the outbox (for every relay): one
-// statement per scrape, on the partial index of unpublished rows.
+// statement per scrape, on the partial index of unpublished rows, whose
+// reading both gauges share.
 func backlogMetrics(ctx context.Context, pool *pgxpool.Pool) []metrics.Metric {
+	var (
+		mu   sync.Mutex
+		at   time.Time
+		last outbox.Backlog
+		err  error
+	)
 	read := func(f func(outbox.Backlog) float64) func() []metrics.Sample {
 		return func() []metrics.Sample {
-			bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			b, err := outbox.ReadBacklog(bctx, pool)
+			mu.Lock()
+			defer mu.Unlock()
+			if time.Since(at) > 100*time.Millisecond { // not this scrape's reading
+				bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				last, err = outbox.ReadBacklog(bctx, pool)
+				cancel()
+				at = time.Now()
+			}
 			if err != nil {
 				return nil
 			}
-			return []metrics.Sample{{Value: f(b)}}
+			return []metrics.Sample{{Value: f(last)}}
 		}
 	}
 	return []metrics.Metric{

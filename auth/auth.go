@@ -30,6 +30,11 @@ var ErrUnknownToken = errors.New("unknown API token")
 // ErrUnknownToken (errors.Is matches both).
 var ErrLegacyToken = fmt.Errorf("%w: a token in the old format, without checksum", ErrUnknownToken)
 
+// ErrMalformedToken is returned by Authenticate for a token no server ever
+// issued: the wrong length, characters or checksum (a typo, a truncated
+// paste, another service's token). It is an ErrUnknownToken.
+var ErrMalformedToken = fmt.Errorf("%w: not the form of a token (length, characters or checksum)", ErrUnknownToken)
+
 // ErrBusy is returned by Authenticate for a token that needs a database
 // look-up while all Config.MaxLookups look-ups stayed busy for
 // Config.LookupWait (a flood of well-formed but unknown tokens, or a slow
@@ -335,8 +340,8 @@ func (c *Clients) Revoke(ctx context.Context, sel Revocation) (int, error) {
 }
 
 // Authenticate returns the tenant of token, or an error that is
-// ErrUnknownToken (ErrLegacyToken for an old-format token it refuses) or
-// ErrBusy. A malformed token or one failing its checksum is refused without
+// ErrUnknownToken (ErrLegacyToken for an old-format token it refuses,
+// ErrMalformedToken for one of no token's form) or ErrBusy. A malformed token or one failing its checksum is refused without
 // the database; so is a well-formed one refused within NegativeTTL. A known
 // token is answered from the cache: fresh for CacheTTL, then stale for up to
 // MaxStale while one background look-up re-reads it, so a known caller never
@@ -357,7 +362,7 @@ func (c *Clients) Authenticate(ctx context.Context, token string) (string, error
 			return "", ErrLegacyToken
 		}
 	default:
-		return "", ErrUnknownToken
+		return "", ErrMalformedToken
 	}
 	hash := sha256.Sum256([]byte(token))
 	now := time.Now()

@@ -11,25 +11,36 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/auth"
 )
 
 func TestRequestsNeedAKnownBearerToken(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
-	for name, auth := range map[string]string{
-		"no header":     "-",
-		"empty bearer":  "Bearer ",
-		"basic scheme":  "Basic dXNlcjpwYXNz",
-		"unknown token": "Bearer ord_notarealtoken",
-		"not our kind":  "Bearer abc",
+	revoked := a.newToken(t, "t9")
+	if _, err := a.clients.Revoke(context.Background(), auth.Revocation{Token: revoked}); err != nil {
+		t.Fatal(err)
+	}
+	// The detail says why: no token, one of no token's form (a typo, a
+	// truncated copy), or one that is not (or no longer) registered.
+	const none, malformed, unknown = "Send Authorization", "not in the form", "not known, or was revoked"
+	for name, tt := range map[string]struct{ auth, detail string }{
+		"no header":     {"-", none},
+		"empty bearer":  {"Bearer ", none},
+		"basic scheme":  {"Basic dXNlcjpwYXNz", none},
+		"unknown token": {"Bearer ord_notarealtoken", malformed},
+		"not our kind":  {"Bearer abc", malformed},
+		"truncated":     {"Bearer " + revoked[:len(revoked)-1], malformed},
+		"revoked":       {"Bearer " + revoked, unknown},
 	} {
 		t.Run(name, func(t *testing.T) {
-			res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Authorization": auth, "Idempotency-Key": "k-" + name}, validBody)
+			res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Authorization": tt.auth, "Idempotency-Key": "k-" + name}, validBody)
 			if res.status != http.StatusUnauthorized {
 				t.Fatalf("status %d, want 401", res.status)
 			}
-			if p := decodeProblem(t, res); !strings.HasSuffix(p.Type, "/unauthorized") {
-				t.Fatalf("type %q", p.Type)
+			if p := decodeProblem(t, res); !strings.HasSuffix(p.Type, "/unauthorized") || !strings.Contains(p.Detail, tt.detail) {
+				t.Fatalf("type %q, detail %q; want one saying %q", p.Type, p.Detail, tt.detail)
 			}
 			if res.header.Get("WWW-Authenticate") == "" {
 				t.Fatal("no WWW-Authenticate header")

@@ -71,8 +71,8 @@ func TestListOrdersPaginationIsStableUnderInserts(t *testing.T) {
 			q.Set("cursor", cursor)
 		}
 		res := a.do(t, http.MethodGet, "/v1/orders?"+q.Encode(), nil, "")
-		if res.status != 200 {
-			t.Fatalf("page %d: %d %s", pages, res.status, res.body)
+		if res.status != 200 || res.header.Get("Cache-Control") != "no-cache" {
+			t.Fatalf("page %d: %d, Cache-Control %q (want no-cache, as every read of a read model) %s", pages, res.status, res.header.Get("Cache-Control"), res.body)
 		}
 		var p pageOut
 		if err := json.Unmarshal(res.body, &p); err != nil {

@@ -440,5 +440,6 @@ func (s *Server) listOrders(w http.ResponseWriter, r *http.Request) {
 		c := page.Next.String()
 		out.NextCursor = &c
 	}
+	w.Header().Set("Cache-Control", "no-cache") // as every read of a read model
 	s.writeJSON(w, r, http.StatusOK, out)
 }

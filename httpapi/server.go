@@ -182,6 +182,10 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				"`go run ./cmd/api token create -tenant NAME` makes a new one.")
 			return
 		}
+		if errors.Is(err, auth.ErrMalformedToken) {
+			unauthorized("The bearer token is not in the form this server issues (its length, characters or checksum are wrong: a typo or a truncated copy?). " + tokenHelp)
+			return
+		}
 		if errors.Is(err, auth.ErrUnknownToken) {
 			unauthorized("The bearer token is not known, or was revoked, or has expired. " + tokenHelp)
 			return

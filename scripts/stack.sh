@@ -95,8 +95,16 @@ cleanup() {
 		kill -TERM -- "-$p" 2>/dev/null || true
 		wait "$p" 2>/dev/null || true
 	done
-	if [ "$STARTED_NATS" = 1 ]; then scripts/nats.sh stop "$STATE" || rc=1; fi
-	if [ "$STARTED_PG" = 1 ]; then scripts/pg.sh stop "$STATE" || rc=1; fi
+	if [ "$STARTED_NATS" = 1 ]; then
+		if scripts/nats.sh stop "$STATE"; then say "NATS stopped"; else rc=1; fi
+	elif [ "$NATS_RUNNING" = 1 ]; then
+		say "the NATS server an earlier run left stays running (scripts/nats.sh stop $SHOWN_STATE stops it)"
+	fi
+	if [ "$STARTED_PG" = 1 ]; then
+		if scripts/pg.sh stop "$STATE"; then say "PostgreSQL stopped"; else rc=1; fi
+	elif [ "$PG_RUNNING" = 1 ]; then
+		say "the PostgreSQL an earlier run left stays running (scripts/pg.sh stop $SHOWN_STATE stops it)"
+	fi
 	if [ "$LOCKED" = 1 ]; then rm -f "$STATE/stack.info"; fi
 	exit "$rc"
 }
@@ -228,7 +236,7 @@ else
 	say "using NATS_URL from the environment"
 fi
 export DATABASE_URL NATS_URL
-export HTTP_ADDR=":$API_PORT" PROJECTOR_HTTP_ADDR=":$PROJ_PORT" WORKER_HTTP_ADDR="127.0.0.1:$WORKER_PORT"
+export HTTP_ADDR=":$API_PORT" PROJECTOR_HTTP_ADDR="127.0.0.1:$PROJ_PORT" WORKER_HTTP_ADDR="127.0.0.1:$WORKER_PORT"
 if [ "$RUN_PSP" = 1 ]; then
 	export FAKEPSP_ADDR="127.0.0.1:$PSP_PORT" PAYMENT_PROVIDER_URL="http://127.0.0.1:$PSP_PORT" PAYMENT_PROVIDER_KEY=sk_test_local
 fi
@@ -375,6 +383,12 @@ if [ "$RUN_PSP" = 1 ]; then
 	PSP_LINE="    fakepsp    http://localhost:$PSP_PORT   (log: $STATE/fakepsp.log; ledger: curl localhost:$PSP_PORT/_ledger)
 "
 fi
+# A shell that starts a job in the background without job control makes it
+# ignore SIGINT, and a signal ignored at start cannot be trapped: say so.
+STOP_LINE="Ctrl-C stops everything this run started."
+if [ $(( 0x$(awk '/^SigIgn:/ {print $2}' /proc/$$/status 2>/dev/null || echo 0) & 2 )) -ne 0 ]; then
+	STOP_LINE="This run ignores Ctrl-C (its shell started it in the background): kill $$ stops everything it started."
+fi
 cat >&2 <<BANNER
 
 ==> orders stack is up
@@ -392,7 +406,10 @@ Try it:
 or, in another terminal:
     make http$HTTP_ARGS
 
-Ctrl-C stops everything this run started.
+Another tenant's token (the api's CLI on this stack's database):
+    DATABASE_URL='$DATABASE_URL' go run ./cmd/api token create -tenant NAME
+
+$STOP_LINE
 
 BANNER
 

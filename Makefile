@@ -71,7 +71,7 @@ e2e: ## Start a fresh stack in .local/e2e and run api.http against it with httpy
 
 http: ## Send api.http to a running `make run` (another stack: the same STACK_DIR and API_PORT as its make run)
 	@if ! curl -s -o /dev/null -m 5 '$(BASE_URL)/readyz'; then \
-		echo 'nothing answers on $(BASE_URL) — start it with `make run`' >&2; exit 1; \
+		echo 'nothing answers on $(BASE_URL) — start it with `make run` (a stack on other ports: make http API_PORT=its port, STACK_DIR=its folder, as its banner says)' >&2; exit 1; \
 	fi
 	@if [ ! -s '$(TOKEN_FILE)' ]; then \
 		echo 'no dev token in $(TOKEN_FILE) — the stack on $(BASE_URL) was started with another STACK_DIR, or not by `make run` (pass TOKEN_FILE=…)' >&2; exit 1; \

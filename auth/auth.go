@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -195,6 +196,7 @@ type cached struct {
 	fresh      time.Time // served without a look-up until then
 	expires    time.Time // the token's own expiry; zero if none
 	refreshing bool      // a background re-read is under way
+	used       time.Time // last answered from the cache (or looked up)
 }
 
 // Stats counts what Authenticate did.
@@ -202,6 +204,7 @@ type Stats struct {
 	Lookups        int64 // database look-ups (re-reads included)
 	NegativeHits   int64 // tokens refused from the negative cache
 	NegativeCached int   // entries in the negative cache now
+	PositiveCached int   // entries in the cache of known tokens now
 	Busy           int64 // tokens refused with ErrBusy
 	StaleHits      int64 // known tokens served past CacheTTL
 	Refreshes      int64 // background re-reads started
@@ -248,10 +251,10 @@ func NewClients(db *pgxpool.Pool, ttl time.Duration) *Clients {
 // Stats returns the counters.
 func (c *Clients) Stats() Stats {
 	c.mu.Lock()
-	n := len(c.negative)
+	n, p := len(c.negative), len(c.positive)
 	c.mu.Unlock()
 	return Stats{
-		Lookups: c.nLookups.Load(), NegativeHits: c.nNegativeHits.Load(), NegativeCached: n,
+		Lookups: c.nLookups.Load(), NegativeHits: c.nNegativeHits.Load(), NegativeCached: n, PositiveCached: p,
 		Busy: c.nBusy.Load(), StaleHits: c.nStaleHits.Load(), Refreshes: c.nRefreshes.Load(),
 	}
 }
@@ -368,6 +371,7 @@ func (c *Clients) Authenticate(ctx context.Context, token string) (string, error
 	now := time.Now()
 	c.mu.Lock()
 	if hit, ok := c.positive[hash]; ok && (hit.expires.IsZero() || now.Before(hit.expires)) {
+		hit.used = now
 		switch {
 		case now.Before(hit.fresh):
 			c.mu.Unlock()
@@ -487,20 +491,51 @@ func (c *Clients) lookup(ctx context.Context, hash [32]byte) (string, error) {
 		return "", fmt.Errorf("look up api client: %w", err)
 	}
 	if c.cfg.CacheTTL > 0 {
-		e := &cached{tenant: tenant, fresh: now.Add(c.cfg.CacheTTL)}
+		e := &cached{tenant: tenant, fresh: now.Add(c.cfg.CacheTTL), used: now}
 		if remaining != nil {
 			e.expires = now.Add(time.Duration(*remaining * float64(time.Second)))
 		}
 		c.mu.Lock()
 		if c.gen == gen { // else a revocation committed while we read: do not cache
-			if len(c.positive) >= c.cfg.PositiveCacheSize { // bounded: start over rather than grow
-				clear(c.positive)
+			if _, ok := c.positive[hash]; !ok && len(c.positive) >= c.cfg.PositiveCacheSize {
+				c.evict(now)
 			}
 			c.positive[hash] = e
 		}
 		c.mu.Unlock()
 	}
 	return tenant, nil
+}
+
+// evict makes room in the full cache of known tokens: it drops the entries
+// no use could be answered from any more (past their stale window or their
+// expiry), and if that frees less than a quarter, the least recently used
+// down to three quarters. So a tenant cycling through many tokens of its
+// own pushes out its own idle ones, never a token in use; before, a full
+// cache was cleared whole, and every tenant's next request waited for a
+// look-up. c.mu is held.
+func (c *Clients) evict(now time.Time) {
+	for k, e := range c.positive {
+		if !now.Before(e.fresh.Add(c.cfg.MaxStale)) || (!e.expires.IsZero() && !now.Before(e.expires)) {
+			delete(c.positive, k)
+		}
+	}
+	keep := c.cfg.PositiveCacheSize * 3 / 4
+	if len(c.positive) <= keep {
+		return
+	}
+	type entry struct {
+		hash [32]byte
+		used time.Time
+	}
+	all := make([]entry, 0, len(c.positive))
+	for k, e := range c.positive {
+		all = append(all, entry{k, e.used})
+	}
+	slices.SortFunc(all, func(a, b entry) int { return a.used.Compare(b.used) })
+	for _, e := range all[:len(all)-keep] {
+		delete(c.positive, e.hash)
+	}
 }
 
 // refuse puts hash in the negative cache, dropping expired entries (or, if

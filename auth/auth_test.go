@@ -214,3 +214,40 @@ func TestConfigIsValidated(t *testing.T) {
 		}
 	}
 }
+
+// The cache of known tokens is bounded without forgetting the tokens in
+// use: a tenant cycling through more tokens than the cache holds pushes out
+// its own idle ones, while another tenant's token used all along is never
+// looked up again. Before, a full cache was cleared whole.
+func TestKnownTokenCacheKeepsTheTokensInUse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const size = 8
+	c, err := auth.New(testenv.DB(t), auth.Config{PositiveCacheSize: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, err := c.CreateToken(ctx, "victim", "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cycled = 5 * size
+	for i := range cycled {
+		if tenant, err := c.Authenticate(ctx, victim); err != nil || tenant != "victim" {
+			t.Fatalf("victim's token: %q, %v", tenant, err)
+		}
+		tok, err := c.CreateToken(ctx, "cycler", "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tenant, err := c.Authenticate(ctx, tok); err != nil || tenant != "cycler" {
+			t.Fatalf("cycler's token %d: %q, %v", i, tenant, err)
+		}
+		if n := c.Stats().PositiveCached; n > size {
+			t.Fatalf("the cache holds %d tokens, want at most %d", n, size)
+		}
+	}
+	if n := c.Stats().Lookups; n != 1+cycled {
+		t.Fatalf("%d look-ups, want %d: one per token, the victim's once", n, 1+cycled)
+	}
+}

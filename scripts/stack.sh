@@ -53,7 +53,7 @@ say() { echo "stack: $*" >&2; }
 SHOWN_STATE=${STATE#"$ROOT"/}
 
 # ---- cleanup: stop everything we started, in reverse order ----------------
-STARTED_PG=0 STARTED_NATS=0 API_PID="" PROJ_PID="" WORKER_PID="" PSP_PID="" TAIL_PIDS=()
+STARTED_PG=0 STARTED_NATS=0 PG_RUNNING=0 NATS_RUNNING=0 API_PID="" PROJ_PID="" WORKER_PID="" PSP_PID="" TAIL_PIDS=()
 # RUN_PSP: start the local provider (unless PAYMENT_PROVIDER_URL names another)
 RUN_PSP=1
 if [ -n "${PAYMENT_PROVIDER_URL:-}" ]; then RUN_PSP=0; fi

@@ -2,11 +2,14 @@ package metrics_test
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -103,5 +106,57 @@ func TestScrapesShareReadingsAndAreBounded(t *testing.T) {
 		if n := reads.Load(); n != want || !strings.Contains(string(b), "orders_reads ") {
 			t.Errorf("scrape %d past the interval: %d readings, want %d\n%s", i+1, n, want, b)
 		}
+	}
+}
+
+// A scraper that never reads its answer holds no slot: the slot covers the
+// gathering and the encoding, and the writing runs outside it, so
+// MaxScrapes such scrapers (a hostile caller needs no token) do not keep
+// Prometheus out. Before, each held its slot until the server's write
+// timeout (none here: for ever).
+func TestScrapersThatNeverReadHoldNoSlot(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	if err := metrics.Register(reg, metrics.Metric{Name: "big", Help: "many series", Labels: []string{"series"}, Read: func() []metrics.Sample {
+		s := make([]metrics.Sample, 200_000) // ~12 MB of text: past any socket buffer
+		for i := range s {
+			s[i] = metrics.Sample{Labels: map[string]string{"series": strconv.Itoa(i) + strings.Repeat("x", 24)}, Value: float64(i)}
+		}
+		return s
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(metrics.HandlerEvery(reg, time.Hour))
+	defer srv.Close()
+	small := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var err error
+		_ = c.Control(func(fd uintptr) { err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1024) })
+		return err
+	}}
+	for range metrics.MaxScrapes {
+		conn, err := small.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: metrics\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		res, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode == http.StatusOK && n > 1<<20 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a scrape beside %d that never read: %d (%d bytes); want 200 with the whole answer", metrics.MaxScrapes, res.StatusCode, n)
+		}
+		time.Sleep(100 * time.Millisecond) // the slow ones may still be encoding
 	}
 }

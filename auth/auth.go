@@ -511,9 +511,9 @@ func (c *Clients) lookup(ctx context.Context, hash [32]byte) (string, error) {
 // no use could be answered from any more (past their stale window or their
 // expiry), and if that frees less than a quarter, the least recently used
 // down to three quarters. So a tenant cycling through many tokens of its
-// own pushes out its own idle ones, never a token in use; before, a full
-// cache was cleared whole, and every tenant's next request waited for a
-// look-up. c.mu is held.
+// own pushes out its own idle ones, not a token used between each few
+// thousand others; before, a full cache was cleared whole, and every
+// tenant's next request waited for a look-up. c.mu is held.
 func (c *Clients) evict(now time.Time) {
 	for k, e := range c.positive {
 		if !now.Before(e.fresh.Add(c.cfg.MaxStale)) || (!e.expires.IsZero() && !now.Before(e.expires)) {

@@ -101,7 +101,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		maxConns = env.Int(fs, "max-conns", "MAX_CONNS", DefaultAPIMaxConns, "most client connections open at once; past it the longest-idle one is closed, or a new one waits in the kernel's accept queue")
 		maxInFlight = env.Int(fs, "max-in-flight", "MAX_IN_FLIGHT", httpapi.DefaultMaxInFlight, "most /v1 requests served at once; the rest get 429 with Retry-After")
 		tenantInFlight = env.Int(fs, "tenant-max-in-flight", "TENANT_MAX_IN_FLIGHT", httpapi.DefaultTenantMaxInFlight, "most /v1 requests of one tenant served at once; its excess gets 429 tenant-overloaded")
-		tenantDBShare = env.Int(fs, "tenant-db-share", "TENANT_DB_SHARE", 0, "most of this api's PostgreSQL connections one tenant's requests hold at once, its other requests waiting for them (0: three quarters of what -create-group-slots leave of -db-pool-size)")
+		tenantDBShare = env.Int(fs, "tenant-db-share", "TENANT_DB_SHARE", 0, "most of this api's PostgreSQL connections one tenant's requests hold at once, its other requests waiting for them (0: three quarters of what -create-group-slots leave of -db-pool-size; at most what they leave)")
 		createGroupSlots = env.Int(fs, "create-group-slots", "CREATE_GROUP_SLOTS", -1, fmt.Sprintf("most batches of concurrent creates committing at once, each one transaction and one WAL flush for its creates, at most half the pool's connections (0: every create commits alone; -1: %d, or half the pool if smaller)", DefaultCreateGroupSlots))
 		tenantWaiting = env.Int(fs, "tenant-max-waiting", "TENANT_MAX_WAITING", httpapi.DefaultTenantMaxWaiting, "most reads with min_version or min_position of one tenant in flight at once (at most -tenant-max-in-flight)")
 		tenantRate = env.Int(fs, "tenant-rate", "TENANT_RATE", int(httpapi.DefaultTenantRate), "requests per second of one tenant (token bucket); its excess gets 429 tenant-rate-limited")
@@ -329,7 +329,10 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		share = max(1, tenantConns*3/4)
 	}
 	if share > tenantConns {
-		return fmt.Errorf("-tenant-db-share must be 1 to the %d connections the create group's %d slots leave of the pool's %d, got %d", tenantConns, groupSlots, poolMax, share)
+		// A share past what tenants may hold together was accepted before
+		// that bound: keep such a configuration starting.
+		logger.Warn("-tenant-db-share is past what the create group's slots leave of the pool; using that", "share", share, "pool", poolMax, "group_slots", groupSlots, "using", tenantConns)
+		share = tenantConns
 	}
 	shares, err := postgres.NewShares(pool, tenantConns, share)
 	if err != nil {

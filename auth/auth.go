@@ -344,7 +344,8 @@ func (c *Clients) Revoke(ctx context.Context, sel Revocation) (int, error) {
 
 // Authenticate returns the tenant of token, or an error that is
 // ErrUnknownToken (ErrLegacyToken for an old-format token it refuses,
-// ErrMalformedToken for one of no token's form) or ErrBusy. A malformed token or one failing its checksum is refused without
+// ErrMalformedToken for one of no token's form) or ErrBusy. A malformed
+// token or one failing its checksum is refused without
 // the database; so is a well-formed one refused within NegativeTTL. A known
 // token is answered from the cache: fresh for CacheTTL, then stale for up to
 // MaxStale while one background look-up re-reads it, so a known caller never

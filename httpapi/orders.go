@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"reflect"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -302,8 +301,13 @@ func (s *Server) updateOrder(w http.ResponseWriter, r *http.Request) {
 // Its lines are joined as one list (RFC 9110, 5.3), so two lines are
 // refused as a list in one line is: a change is made on one version.
 func ifMatchVersion(r *http.Request) (int64, *Problem) {
-	v := strings.Join(slices.DeleteFunc(slices.Clone(r.Header.Values("If-Match")), func(l string) bool { return strings.TrimSpace(l) == "" }), ", ")
-	v = strings.TrimSpace(v)
+	var tags []string
+	for _, line := range r.Header.Values("If-Match") {
+		if line = strings.TrimSpace(line); line != "" {
+			tags = append(tags, line)
+		}
+	}
+	v := strings.Join(tags, ", ")
 	if v == "" {
 		return 0, problem(http.StatusPreconditionRequired, "if-match-required", "If-Match required",
 			`Send If-Match with the ETag of the order version you are changing, e.g. If-Match: "3".`)

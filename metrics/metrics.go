@@ -135,7 +135,7 @@ type sharedGather struct {
 func (s *sharedGather) Gather() ([]*dto.MetricFamily, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.at.IsZero() || time.Since(s.at) >= s.every {
+	if time.Since(s.at) >= s.every { // the zero time is long past
 		s.mfs, s.err = s.g.Gather()
 		s.at = time.Now()
 	}

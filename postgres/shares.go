@@ -38,10 +38,9 @@ import (
 // (a transaction, rows not yet closed), its other statements use that share
 // too, so no request waits on itself.
 type Shares struct {
-	db      DB
-	conns   int // most connections all tenants' requests hold together
-	share   int // most connections one tenant's requests hold
-	reserve int // the last of conns, only for a tenant that holds none
+	db    DB
+	conns int // most connections all tenants' requests hold together
+	share int // most connections one tenant's requests hold
 
 	mu      sync.Mutex
 	used    int                     // connections tenants' requests hold
@@ -64,7 +63,7 @@ func NewShares(db DB, conns, share int) (*Shares, error) {
 	if share < 1 || share > conns {
 		return nil, fmt.Errorf("tenant share of connections must be 1 to the %d tenants may hold, got %d", conns, share)
 	}
-	return &Shares{db: db, conns: conns, share: share, reserve: conns - share, tenants: map[string]*tenantShare{}}, nil
+	return &Shares{db: db, conns: conns, share: share, tenants: map[string]*tenantShare{}}, nil
 }
 
 // ticket is one request's claim on its tenant's share; held counts the
@@ -164,8 +163,8 @@ func (s *Shares) may(ts *tenantShare) bool {
 		return false
 	case ts.held == 0:
 		return s.used < s.conns
-	default:
-		return s.used < s.conns-s.reserve
+	default: // the last conns-share are only for a tenant that holds none
+		return s.used < s.share
 	}
 }
 

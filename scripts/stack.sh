@@ -43,7 +43,12 @@ esac
 for p in "$PG_PORT" "$NATS_PORT" "$API_PORT" "$PROJ_PORT" "$WORKER_PORT" "$PSP_PORT"; do
 	[[ "$p" =~ ^[0-9]+$ ]] || { echo "stack: ports must be numbers, got '$p'" >&2; exit 2; }
 done
-STATE=$(abs_dir "${STACK_DIR:-$ROOT/$STATE}")
+STATE="${STACK_DIR:-$ROOT/$STATE}"
+# NEW_STATE: this run creates the folder, so a run that starts nothing (a
+# refusal, a missing tool) removes it again and leaves no trace.
+NEW_STATE=0
+if [ ! -e "$STATE" ]; then NEW_STATE=1; fi
+STATE=$(abs_dir "$STATE")
 BIN="$STATE/bin" # per stack, so two stacks never rebuild each other's binaries
 READY_TIMEOUT="${READY_TIMEOUT:-60}"
 
@@ -106,6 +111,9 @@ cleanup() {
 		say "the PostgreSQL an earlier run left stays running (scripts/pg.sh stop $SHOWN_STATE stops it)"
 	fi
 	if [ "$LOCKED" = 1 ]; then rm -f "$STATE/stack.info"; fi
+	if [ "$NEW_STATE" = 1 ] && [ "$STARTED_PG$STARTED_NATS" = 00 ] && [ -z "$PROJ_PID$API_PID$WORKER_PID$PSP_PID" ]; then
+		rm -rf "$STATE"
+	fi
 	exit "$rc"
 }
 trap cleanup EXIT

@@ -241,14 +241,18 @@ func TestStackScriptRefusesASecondRun(t *testing.T) {
 		for k, v := range overrides {
 			other[k] = v
 		}
-		other["STACK_DIR"] = t.TempDir()
+		other["STACK_DIR"] = filepath.Join(t.TempDir(), "new") // not there yet
 		t.Cleanup(func() {
 			cmd := exec.Command("scripts/pg.sh", "wipe", other["STACK_DIR"])
 			cmd.Dir = root
 			_ = cmd.Run() // nothing was started there; best effort for a failed assertion
 		})
-		// The one line names a port that is taken.
+		// The one line names a port that is taken, and the refused run
+		// leaves no folder behind.
 		second(t, other, "already in use")
+		if _, err := os.Stat(other["STACK_DIR"]); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the refused run left its new folder %s behind (stat: %v)", other["STACK_DIR"], err)
+		}
 	})
 
 	// The first stack still stops everything it started.

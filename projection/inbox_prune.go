@@ -135,7 +135,10 @@ type PruneStats struct {
 // inboxPruneSQL deletes, in one statement (its own transaction), up to $4
 // inbox rows of projection $1 whose event id is above $2 (the last one the
 // sweep deleted) and below the UUIDv7 floor of "now minus $3 milliseconds"
-// by the database's clock: event ids are UUIDv7, so the primary key
+// by the database's clock (at the earliest 1970: a retention longer than
+// the time since then keeps every row; without the floor to_hex of a
+// negative number wrapped to a floor far in the future, and every row was
+// deleted): event ids are UUIDv7, so the primary key
 // (projection, event_id) orders them by creation time and gives the range,
 // with no index of its own. Walking the key from the last deleted id, each
 // statement reads only its own rows, never the dead ones before them.
@@ -145,7 +148,7 @@ const inboxPruneSQL = `
 WITH doomed AS (
     SELECT event_id FROM public.inbox
     WHERE projection = $1 AND event_id > $2
-      AND event_id < (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint - $3), 12, '0') || '70008000000000000000')::uuid
+      AND event_id < (lpad(to_hex(greatest((extract(epoch FROM now()) * 1000)::bigint - $3, 0)), 12, '0') || '70008000000000000000')::uuid
     ORDER BY event_id
     LIMIT $4
     FOR UPDATE SKIP LOCKED)

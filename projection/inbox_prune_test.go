@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +90,30 @@ SELECT $1, id, 't1', gen_random_uuid(), 1, 1 FROM unnest($2::uuid[]) AS id`, pro
 	}
 	if stats, err := p.Prune(ctx); err != nil || stats.Deleted != 0 || stats.Statements != 1 {
 		t.Errorf("second prune: %+v, %v; want nothing deleted in one statement", stats, err)
+	}
+}
+
+// A retention longer than the time since 1970 keeps every row: the floor
+// "now minus the retention" stops at the epoch instead of wrapping to a
+// UUIDv7 far in the future (which deleted the whole inbox at every sweep).
+func TestInboxPrunerWithARetentionPastTheEpochKeepsEverything(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	ctx := context.Background()
+	ids := []uuid.UUID{v7At(t, time.Now().Add(-30*24*time.Hour)), v7At(t, time.Now())}
+	if _, err := f.db.Exec(ctx, `
+INSERT INTO inbox (projection, event_id, tenant_id, aggregate_id, aggregate_version, stream_seq)
+SELECT 'order_views', id, 't1', gen_random_uuid(), 1, 1 FROM unnest($1::uuid[]) AS id`, ids); err != nil {
+		t.Fatal(err)
+	}
+	for _, retention := range []time.Duration{100 * 365 * 24 * time.Hour, time.Duration(math.MaxInt64)} {
+		p := newPruner(t, f, []string{"order_views"}, InboxPruneConfig{Retention: retention})
+		if stats, err := p.Prune(ctx); err != nil || stats.Deleted != 0 {
+			t.Errorf("retention %s: pruned %+v, %v; want nothing deleted", retention, stats, err)
+		}
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox WHERE projection = 'order_views'`); n != 2 {
+		t.Errorf("order_views keeps %d inbox rows, want both", n)
 	}
 }
 

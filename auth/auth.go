@@ -560,7 +560,13 @@ func (c *Clients) refuse(hash [32]byte, now time.Time) {
 const (
 	clientInsertSQL = `INSERT INTO api_clients (token_hash, tenant_id, name, expires_at, format)
 VALUES ($1, $2, $3, now() + make_interval(secs => $4), 2)`
-	clientGetTenantSQL = `SELECT tenant_id, extract(epoch FROM expires_at - now())::float8
+	// clientGetTenantSQL reads the tenant of a live token and the seconds
+	// until it expires: NULL (never) past 100 years, which covers an
+	// expires_at of 'infinity' (its difference to now() is an error) and
+	// one whose nanoseconds no time.Duration holds (the cache would have
+	// held it as expired, and every request looked it up).
+	clientGetTenantSQL = `SELECT tenant_id,
+    CASE WHEN expires_at < now() + interval '100 years' THEN extract(epoch FROM expires_at - now())::float8 END
 FROM api_clients
 WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())`
 	clientRevokeByHashSQL = `UPDATE api_clients SET revoked_at = now()

@@ -167,6 +167,37 @@ func TestExpiredTokenIsRefused(t *testing.T) {
 	}
 }
 
+// A token whose expiry an operator set far ahead by hand (the year 2500,
+// or 'infinity') authenticates, and from the cache: the time left is more
+// than a time.Duration holds, or an error to compute.
+func TestTokenExpiringFarAheadIsCached(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	c, err := auth.New(db, auth.Config{CacheTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, expires := range []string{"2500-01-01", "infinity"} {
+		tok, err := c.Create(ctx, auth.NewClient{Tenant: "acme", Name: "far-" + expires, ExpiresIn: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(ctx, `UPDATE api_clients SET expires_at = $1::timestamptz WHERE tenant_id = 'acme' AND name = $2`, expires, "far-"+expires); err != nil {
+			t.Fatal(err)
+		}
+		before := c.Stats().Lookups
+		for range 3 {
+			if tenant, err := c.Authenticate(ctx, tok); err != nil || tenant != "acme" {
+				t.Fatalf("expires %s: %q, %v; want acme", expires, tenant, err)
+			}
+		}
+		if n := c.Stats().Lookups - before; n != 1 {
+			t.Errorf("expires %s: 3 requests took %d look-ups, want 1 (then the cache)", expires, n)
+		}
+	}
+}
+
 // Tokens made before the checksum (ord_ + 43 base64url characters) are
 // refused with ErrLegacyToken, without a look-up, unless AcceptLegacy.
 func TestLegacyTokens(t *testing.T) {

@@ -78,7 +78,7 @@ WHERE projection = $1 AND tenant_id = $2 AND aggregate_id = $3`
 // did not reach q.MinPosition within q.Wait.
 func (h GetCustomerSummaryHandler) Handle(ctx context.Context, q GetCustomerSummary) (CustomerSummary, error) {
 	if p := q.MinPosition; p != nil {
-		err := awaitVersion(ctx, h.changes, "customer_summaries", p.OrderID, p.Version, q.Wait, func() (int64, error) {
+		err := awaitVersion(ctx, h.changes, "customer_summaries", q.TenantID, p.OrderID, p.Version, q.Wait, func() (int64, error) {
 			var v int64
 			err := h.db.QueryRow(ctx, projectionPositionSQL, "customer_summaries", q.TenantID, p.OrderID).Scan(&v)
 			return v, err

@@ -62,7 +62,7 @@ const orderExistsSQL = `SELECT EXISTS (SELECT 1 FROM orders WHERE tenant_id = $1
 // q.MinVersion within q.Wait.
 func (h GetOrderHandler) Handle(ctx context.Context, q GetOrder) (domain.Order, error) {
 	var o domain.Order
-	err := awaitVersion(ctx, h.changes, "order_views", q.ID, q.MinVersion, q.Wait, func() (int64, error) {
+	err := awaitVersion(ctx, h.changes, "order_views", q.TenantID, q.ID, q.MinVersion, q.Wait, func() (int64, error) {
 		var err error
 		o, err = h.get(ctx, q)
 		if domain.KindOf(err) == domain.KindNotFound && q.MinVersion > 0 {

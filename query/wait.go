@@ -34,10 +34,16 @@ type ChangesConfig struct {
 // its version (a pay's payment.requested while it waits for paid). As a
 // fallback for a lost notification, a reader reads again every
 // PollInterval.
+//
+// Readers are kept apart by tenant: the notification names no tenant (order
+// ids are the server's UUIDv7s, unique across tenants), so it wakes every
+// tenant's readers of that order id, but a reader of another tenant that
+// asks for the same id (it learns nothing: its read finds no order) never
+// joins the victim's wake-up and so cannot lower the version it wakes at.
 type Changes struct {
 	poll    time.Duration
 	mu      sync.Mutex
-	waiters map[waitKey]*waiter
+	waiters map[waitKey]map[string]*waiter // by tenant
 }
 
 // waitKey is what readers wait for: a projection's row of one order.
@@ -60,7 +66,7 @@ type waiter struct {
 // NewChanges returns a Changes with no waiters and the default
 // configuration.
 func NewChanges() *Changes {
-	return &Changes{poll: DefaultWaitPollInterval, waiters: map[waitKey]*waiter{}}
+	return &Changes{poll: DefaultWaitPollInterval, waiters: map[waitKey]map[string]*waiter{}}
 }
 
 // NewChangesConfig returns a Changes configured by cfg, or an error naming
@@ -72,7 +78,7 @@ func NewChangesConfig(cfg ChangesConfig) (*Changes, error) {
 	if cfg.PollInterval < 0 {
 		return nil, fmt.Errorf("changes config: PollInterval must not be negative, got %s", cfg.PollInterval)
 	}
-	return &Changes{poll: cfg.PollInterval, waiters: map[waitKey]*waiter{}}, nil
+	return &Changes{poll: cfg.PollInterval, waiters: map[waitKey]map[string]*waiter{}}, nil
 }
 
 // Notify handles one payload. "projection:id@version,…" wakes the readers
@@ -86,8 +92,10 @@ func (c *Changes) Notify(payload string) {
 	defer c.mu.Unlock()
 	projection, list, ok := strings.Cut(payload, ":")
 	if !ok {
-		for k, w := range c.waiters {
-			close(w.ch)
+		for k, byTenant := range c.waiters {
+			for _, w := range byTenant {
+				close(w.ch)
+			}
 			delete(c.waiters, k)
 		}
 		return
@@ -105,25 +113,36 @@ func (c *Changes) Notify(payload string) {
 			}
 		}
 		k := waitKey{projection, id}
-		if w, ok := c.waiters[k]; ok && version >= w.min {
-			close(w.ch)
+		byTenant := c.waiters[k]
+		for tenant, w := range byTenant {
+			if version >= w.min {
+				close(w.ch)
+				delete(byTenant, tenant)
+			}
+		}
+		if byTenant != nil && len(byTenant) == 0 {
 			delete(c.waiters, k)
 		}
 	}
 }
 
 // Changed returns a channel that is closed once projection applied order
-// id up to at least version m (or everything may have changed), and a
-// release the reader calls when it stops waiting, so that no entry
-// outlives its readers.
-func (c *Changes) Changed(projection string, id uuid.UUID, m int64) (<-chan struct{}, func()) {
+// id up to at least version m (or everything may have changed), for a
+// reader of tenant, and a release the reader calls when it stops waiting,
+// so that no entry outlives its readers.
+func (c *Changes) Changed(projection, tenant string, id uuid.UUID, m int64) (<-chan struct{}, func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := waitKey{projection, id}
-	w, ok := c.waiters[k]
+	byTenant := c.waiters[k]
+	if byTenant == nil {
+		byTenant = map[string]*waiter{}
+		c.waiters[k] = byTenant
+	}
+	w, ok := byTenant[tenant]
 	if !ok {
 		w = &waiter{ch: make(chan struct{}), min: m}
-		c.waiters[k] = w
+		byTenant[tenant] = w
 	}
 	w.readers++
 	w.min = min(w.min, m)
@@ -131,8 +150,11 @@ func (c *Changes) Changed(projection string, id uuid.UUID, m int64) (<-chan stru
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		w.readers--
-		if w.readers == 0 && c.waiters[k] == w {
-			delete(c.waiters, k)
+		if byTenant := c.waiters[k]; w.readers == 0 && byTenant[tenant] == w {
+			delete(byTenant, tenant)
+			if len(byTenant) == 0 {
+				delete(c.waiters, k)
+			}
 		}
 	}
 }
@@ -148,12 +170,12 @@ func (e *BehindError) Error() string {
 }
 
 // awaitVersion calls read until it reports a version of projection's row
-// of order id of at least min, or returns a *BehindError after wait. With min ≤ 0 it reads
+// of tenant's order id of at least min, or returns a *BehindError after wait. With min ≤ 0 it reads
 // once. Each retry waits for a Notify naming the projection and the order
 // at min or later, so other orders' traffic (and other projections', and
 // earlier versions') costs it nothing; or for the poll interval, so a lost
 // notification delays it by at most that.
-func awaitVersion(ctx context.Context, changes *Changes, projection string, id uuid.UUID, min int64, wait time.Duration, read func() (int64, error)) error {
+func awaitVersion(ctx context.Context, changes *Changes, projection, tenant string, id uuid.UUID, min int64, wait time.Duration, read func() (int64, error)) error {
 	if min <= 0 || changes == nil {
 		_, err := read()
 		return err
@@ -163,7 +185,7 @@ func awaitVersion(ctx context.Context, changes *Changes, projection string, id u
 	poll := time.NewTicker(changes.poll)
 	defer poll.Stop()
 	for {
-		changed, release := changes.Changed(projection, id, min) // before reading, so no Notify is missed
+		changed, release := changes.Changed(projection, tenant, id, min) // before reading, so no Notify is missed
 		have, err := read()
 		if err != nil || have >= min {
 			release()

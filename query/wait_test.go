@@ -12,8 +12,8 @@ func TestChangesWakesOnlyTheNamedOrders(t *testing.T) {
 	t.Parallel()
 	c := NewChanges()
 	a, b := uuid.New(), uuid.New()
-	chA, releaseA := c.Changed("order_views", a, 1)
-	chB, releaseB := c.Changed("order_views", b, 1)
+	chA, releaseA := c.Changed("order_views", "t1", a, 1)
+	chB, releaseB := c.Changed("order_views", "t1", b, 1)
 	c.Notify("order_views:" + a.String() + "@1")
 	woken(t, chA, "the reader of a")
 	notWoken(t, chB, "the reader of b, by a's change")
@@ -21,7 +21,7 @@ func TestChangesWakesOnlyTheNamedOrders(t *testing.T) {
 	c.Notify("") // after a reconnect: everyone
 	woken(t, chB, "every reader, after a reconnect")
 	releaseB()
-	_, release := c.Changed("order_views", a, 1)
+	_, release := c.Changed("order_views", "t1", a, 1)
 	release()
 	if len(c.waiters) != 0 {
 		t.Fatalf("%d waiter entries outlive their readers", len(c.waiters))
@@ -37,9 +37,9 @@ func TestChangesWakesOnlyAtTheVersionOfTheProjection(t *testing.T) {
 	t.Parallel()
 	c := NewChanges()
 	id := uuid.New()
-	views, releaseViews := c.Changed("order_views", id, 3)
+	views, releaseViews := c.Changed("order_views", "t1", id, 3)
 	defer releaseViews()
-	summaries, releaseSummaries := c.Changed("customer_summaries", id, 3)
+	summaries, releaseSummaries := c.Changed("customer_summaries", "t1", id, 3)
 	defer releaseSummaries()
 
 	c.Notify("customer_summaries:" + id.String() + "@2")
@@ -52,11 +52,11 @@ func TestChangesWakesOnlyAtTheVersionOfTheProjection(t *testing.T) {
 	c.Notify("order_views:" + id.String() + "@4")
 	woken(t, views, "order_views' reader, past its version")
 
-	old, releaseOld := c.Changed("order_views", id, 9)
+	old, releaseOld := c.Changed("order_views", "t1", id, 9)
 	defer releaseOld()
 	c.Notify("order_views:" + id.String())
 	woken(t, old, "a reader, by a payload without versions")
-	swap, releaseSwap := c.Changed("daily_sales", id, 9)
+	swap, releaseSwap := c.Changed("daily_sales", "t1", id, 9)
 	defer releaseSwap()
 	c.Notify("daily_sales")
 	woken(t, swap, "a reader, by a payload without a projection")
@@ -69,14 +69,46 @@ func TestChangesSharedWakeUpIsAtTheLowestVersion(t *testing.T) {
 	t.Parallel()
 	c := NewChanges()
 	id := uuid.New()
-	high, releaseHigh := c.Changed("order_views", id, 5)
+	high, releaseHigh := c.Changed("order_views", "t1", id, 5)
 	defer releaseHigh()
-	low, releaseLow := c.Changed("order_views", id, 2)
+	low, releaseLow := c.Changed("order_views", "t1", id, 2)
 	c.Notify("order_views:" + id.String() + "@1")
 	notWoken(t, low, "the reader of version 2, by version 1")
 	releaseLow()
 	c.Notify("order_views:" + id.String() + "@2")
 	woken(t, high, "the readers sharing the wake-up, at the lowest version one waited for")
+}
+
+// A reader of another tenant that waits on the same order id (it cannot
+// see the order, but may ask for it) keeps its own wake-up: its lower
+// version wakes only itself, not the tenant whose order it is, and each
+// entry is gone once its readers are.
+func TestChangesKeepTenantsWakeUpsApart(t *testing.T) {
+	t.Parallel()
+	c := NewChanges()
+	id := uuid.New()
+	owner, releaseOwner := c.Changed("order_views", "owner", id, 5)
+	other, releaseOther := c.Changed("order_views", "other", id, 1)
+	c.Notify("order_views:" + id.String() + "@2")
+	woken(t, other, "the other tenant's reader, at its version")
+	notWoken(t, owner, "the owner's reader, by the version the other tenant waits for")
+	releaseOther()
+	c.Notify("order_views:" + id.String() + "@5")
+	woken(t, owner, "the owner's reader, at its version")
+	releaseOwner()
+	if len(c.waiters) != 0 {
+		t.Fatalf("%d waiter entries outlive their readers", len(c.waiters))
+	}
+	_, release := c.Changed("order_views", "owner", id, 1)
+	_, releaseToo := c.Changed("order_views", "other", id, 1)
+	release()
+	if n := len(c.waiters[waitKey{"order_views", id}]); n != 1 {
+		t.Fatalf("%d tenants wait after one left, want 1", n)
+	}
+	releaseToo()
+	if len(c.waiters) != 0 {
+		t.Fatalf("%d waiter entries outlive their readers", len(c.waiters))
+	}
 }
 
 func woken(t *testing.T, ch <-chan struct{}, who string) {
@@ -106,7 +138,7 @@ func TestAwaitVersionWithoutNotificationPolls(t *testing.T) {
 		t.Fatal(err)
 	}
 	reads := 0
-	err = awaitVersion(context.Background(), c, "order_views", uuid.New(), 2, 10*time.Second, func() (int64, error) {
+	err = awaitVersion(context.Background(), c, "order_views", "t1", uuid.New(), 2, 10*time.Second, func() (int64, error) {
 		reads++
 		if reads < 3 {
 			return 1, nil

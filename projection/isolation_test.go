@@ -105,6 +105,37 @@ func TestGapsOfOneTenantDoNotFillTheWindow(t *testing.T) {
 	t.Logf("applied after %s; stats %+v", time.Since(start).Round(time.Millisecond), f.runner.Stats())
 }
 
+// Young gaps (waiting under a second, whose predecessor is most likely in
+// another batch) do not count against the tenant's share of the window,
+// but have a larger one of their own: a flood of gaps holds at most the
+// two from its first delivery on, and the rest is parked at once, not
+// after a second of redeliveries that kept the window full.
+func TestAFloodOfYoungGapsHoldsAtMostTheirShares(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Workers: 1, BatchSize: 20, MaxAckPending: 20, TenantShare: 0.1, GapDelay: 100 * time.Millisecond}
+	f := newFixture(t, cfg)
+	for range cfg.MaxAckPending {
+		e := orderEvents(t, "evil", "c-e")[1] // v2 of an order whose v1 never comes
+		f.publish(t, e, e.ID.String())
+	}
+	f.run(t)
+	c := cfg.withDefaults()
+	limit := c.tenantLimit() + c.youngGapLimit() // 2 + 8
+	want := cfg.MaxAckPending - limit
+	testenv.Eventually(t, 10*time.Second, "the gaps past the shares are parked", func() bool {
+		return f.count(t, `SELECT count(*) FROM dead_letters WHERE tenant_id = 'evil' AND status = 'parked'`) >= want
+	})
+	// Parked on their first delivery, not after a second of redeliveries
+	// (the fifth, with this GapDelay) that kept the window full.
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE tenant_id = 'evil' AND status = 'parked' AND deliveries = 1`); n < want {
+		t.Errorf("%d gaps parked on their first delivery, want at least %d (all but the shares, %d)", n, want, limit)
+	}
+	if held := f.runner.young.held("evil") + f.runner.window.held("evil"); held > limit {
+		t.Errorf("the tenant holds %d delayed events, want at most %d", held, limit)
+	}
+	t.Logf("stats %+v", f.runner.Stats())
+}
+
 // A batch that fails because of one event's data is applied in halves, not
 // one event at a time: one tenant's bad event costs the batch a few more
 // transactions, not one per event, so publishing bad events cannot slow

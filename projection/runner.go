@@ -195,6 +195,16 @@ func (c Config) tenantLimit() int {
 	return max(1, int(c.TenantShare*float64(c.MaxAckPending)))
 }
 
+// youngGapLimit is the most young gaps (waiting under gapCountsFrom) one
+// tenant may hold in this runner besides its tenantLimit: four times that,
+// at most half the window. A busy tenant's ordinary gaps (its predecessors
+// in other batches, many of them with several projector processes) stay
+// well under it; a flood of gaps whose predecessors never come leaves at
+// least half the window to the other tenants.
+func (c Config) youngGapLimit() int {
+	return max(1, min(4*c.tenantLimit(), c.MaxAckPending/2))
+}
+
 // Runner feeds one projection from its durable consumer. Any number of
 // runners of the same projection (in one process or many) share the
 // consumer's work; the per-aggregate version gate keeps them correct.
@@ -210,7 +220,8 @@ type Runner struct {
 	deferred   atomic.Int64               // delayed events parked past their tenant's share
 	lingers    atomic.Int64               // batches that lingered (BatchWait)
 	pipelined  atomic.Int64               // batches committed in two round trips (commitPipelined)
-	window     *delayedWindow
+	window     *delayedWindow             // a tenant's delayed events: failures' backoffs, gaps past gapCountsFrom
+	young      *delayedWindow             // a tenant's young gaps (before gapCountsFrom), up to youngGapLimit
 	obs        Observers
 }
 
@@ -223,7 +234,7 @@ func NewRunner(db *pgxpool.Pool, js jetstream.JetStream, proj Projection, logger
 	}
 	cfg = cfg.withDefaults()
 	r := &Runner{db: db, js: js, proj: proj, logger: logger.With("projection", proj.Name()), cfg: cfg,
-		window: newDelayedWindow(cfg.tenantLimit())}
+		window: newDelayedWindow(cfg.tenantLimit()), young: newDelayedWindow(cfg.youngGapLimit())}
 	if cfg.Observers != nil {
 		r.obs = cfg.Observers(proj.Name())
 	}
@@ -497,6 +508,7 @@ func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 	events := decodeMessages(msgs)
 	for _, e := range events {
 		r.window.received(e.seq)
+		r.young.received(e.seq)
 	}
 	if err := r.commit(ctx, events); err != nil {
 		r.logger.WarnContext(ctx, "batch failed; applying its events apart", "events", len(events), "err", err)
@@ -620,19 +632,22 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			if d, ok := r.delay(ctx, e, r.retryDelay(e.deliveries), fmt.Sprintf("failed %d times; last error: %v", e.deliveries, e.err)); !ok {
 				deferred, deferredAgg[keyOf(e.env)] = append(deferred, d), true
 			}
-		case e.outcome == Gap && r.gapDelay(e.deliveries) < gapCountsFrom:
+		case e.outcome == Gap && r.gapDelay(e.deliveries) < gapCountsFrom && r.admitYoung(e):
 			// Not counted against the tenant's share yet: its predecessor
 			// is most likely in flight (in another worker's or process's
 			// batch) and applied within moments. Counting these would park
 			// the ordinary gaps of a busy tenant, and each parked event
-			// makes its order's later ones gaps too.
+			// makes its order's later ones gaps too. They have a larger
+			// share of their own (youngGapLimit): a flood of gaps (a forged
+			// stream) holds at most that much more of the window, not all.
 			r.stats[Gap].Add(1)
 			err = e.msg.NakWithDelay(r.gapDelay(e.deliveries))
 		case e.outcome == Gap:
 			// It has waited long enough that its predecessor may never
-			// come (a forged or broken stream): counted against the
-			// tenant's share like a failure's delay, so such events cannot
-			// fill the window. Past the share it is parked, and re-driven.
+			// come (a forged or broken stream), or its tenant holds its
+			// young gaps' share: counted against the tenant's share like a
+			// failure's delay, so such events cannot fill the window. Past
+			// the share it is parked, and re-driven.
 			r.stats[Gap].Add(1)
 			if d, ok := r.delay(ctx, e, r.gapDelay(e.deliveries), fmt.Sprintf("waiting for version %d of its order", e.env.AggregateVersion-1)); !ok {
 				deferred, deferredAgg[keyOf(e.env)] = append(deferred, d), true
@@ -799,7 +814,15 @@ func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string)
 // gapCountsFrom is the delay from which a gap's redelivery counts against
 // its tenant's share of the window: with the default GapDelay (20 ms,
 // doubling), from its seventh delivery, after about 1.3 s of waiting.
+// Younger gaps count against a share of their own (admitYoung).
 const gapCountsFrom = time.Second
+
+// admitYoung counts the young gap e against its tenant's share of young
+// gaps, or reports false (counting nothing) if the tenant holds it all.
+func (r *Runner) admitYoung(e *event) bool {
+	now := time.Now()
+	return r.young.admit(e.seq, e.env.TenantID, now.Add(r.gapDelay(e.deliveries)+r.cfg.AckWait), now)
+}
 
 // gapDelay is how long an event waits for its predecessor: GapDelay, doubling
 // with each delivery up to 30s, so an event stuck behind a lost predecessor

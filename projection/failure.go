@@ -13,7 +13,8 @@ import (
 // event that caused it is dead-lettered at once instead of redelivered with
 // backoff: an error wrapping ErrPermanent or domain.ErrMalformedEvent, or a
 // PostgreSQL error of class 22 (data exception: a value out of range, a
-// division by zero, …) or 23 (integrity constraint violation). Everything
+// division by zero, …), 23 (integrity constraint violation) or 54 (program
+// limit exceeded: a value too large for an index row, …). Everything
 // else (a lost connection, a deadlock, a serialization failure, a lock or
 // statement timeout, …) is transient.
 func Permanent(err error) bool {
@@ -21,5 +22,5 @@ func Permanent(err error) bool {
 		return true
 	}
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23"))
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23") || strings.HasPrefix(pgErr.Code, "54"))
 }

@@ -2,6 +2,9 @@ package projection
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -79,9 +82,10 @@ CREATE TRIGGER poison_overflow BEFORE INSERT OR UPDATE ON order_views
 func TestPermanentFailureIsDeadLetteredAtOnce(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name  string
-		setup string
-		fail  func(domain.Envelope) error
+		name   string
+		setup  string
+		fail   func(domain.Envelope) error
+		poison func(t *testing.T, created *domain.Envelope) // changes the poison order's v1
 	}{
 		{name: "range error", setup: poisonTrigger},
 		{name: "check violation", setup: `ALTER TABLE order_views ADD CONSTRAINT no_poison CHECK (tenant_id <> 'poison')`},
@@ -90,6 +94,24 @@ func TestPermanentFailureIsDeadLetteredAtOnce(t *testing.T) {
 				return fmt.Errorf("%w: sum out of range", ErrPermanent)
 			}
 			return nil
+		}},
+		// An index row past PostgreSQL's limit (SQLSTATE 54000, program
+		// limit exceeded): a customer id of 8,000 random characters in a
+		// forged order.created (the api refuses more than 64).
+		{name: "program limit", poison: func(t *testing.T, created *domain.Envelope) {
+			b := make([]byte, 6000)
+			if _, err := rand.Read(b); err != nil {
+				t.Fatal(err)
+			}
+			var data map[string]any
+			if err := json.Unmarshal(created.Data, &data); err != nil {
+				t.Fatal(err)
+			}
+			data["customer_id"] = base64.RawURLEncoding.EncodeToString(b)
+			var err error
+			if created.Data, err = json.Marshal(data); err != nil {
+				t.Fatal(err)
+			}
 		}},
 		{name: "malformed", fail: func(e domain.Envelope) error {
 			if e.TenantID == "poison" {
@@ -114,6 +136,9 @@ func TestPermanentFailureIsDeadLetteredAtOnce(t *testing.T) {
 			}
 			f.run(t)
 			poison, healthy := orderEvents(t, "poison", "c-p"), orderEvents(t, "t1", "c-h")
+			if tc.poison != nil {
+				tc.poison(t, &poison[0])
+			}
 			for _, e := range append(poison, healthy...) {
 				f.publish(t, e, e.ID.String())
 			}
@@ -139,6 +164,7 @@ func TestPermanentTellsUnfixableFromTransientFailures(t *testing.T) {
 		{pg("22012"), true}, // division by zero
 		{pg("23505"), true}, // unique violation
 		{pg("23514"), true}, // check violation
+		{pg("54000"), true}, // program limit exceeded (an index row too large)
 		{fmt.Errorf("sum: %w", ErrPermanent), true},
 		{fmt.Errorf("decode: %w", domain.ErrMalformedEvent), true},
 		{pg("40P01"), false}, // deadlock

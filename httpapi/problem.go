@@ -16,6 +16,7 @@ import (
 
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/domain"
+	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/query"
 )
 
@@ -110,6 +111,12 @@ func problemFor(err error) *Problem {
 			p.CurrentStatus = de.State
 			return p
 		}
+	}
+	if postgres.Unavailable(err) {
+		p := problem(http.StatusServiceUnavailable, "database-unavailable", "Database unavailable",
+			"The database cannot be reached now; retry after Retry-After seconds, with the same Idempotency-Key for a command (it either did not happen or is replayed).")
+		p.header = http.Header{"Retry-After": {"1"}}
+		return p
 	}
 	return problem(http.StatusInternalServerError, "internal", "Internal error",
 		"The server failed to handle the request; it has been logged with the request id.")

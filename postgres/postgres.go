@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -153,6 +155,33 @@ func inTxOnce(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) error 
 // which the same transaction may simply run again.
 func Retryable(err error) bool {
 	return HasCode(err, CodeSerializationFailure) || HasCode(err, CodeDeadlockDetected)
+}
+
+// Unavailable reports whether err says the database cannot serve now, so
+// that a request failed for want of it, not for a bug of ours: a
+// connection that could not be made, or that broke under a statement (a
+// network error, the connection closed, its stream cut short), or the
+// server refusing work while it stops, starts or is full (SQLSTATE class 08,
+// 57P01 to 57P03, 53300). Context errors are not: a deadline of our own or
+// a client that left says nothing of the database.
+func Unavailable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var connect *pgconn.ConnectError
+	if errors.As(err, &connect) {
+		return true // whatever the server said (a password refused is no bug of a request either)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03", "53300": // admin or crash shutdown, starting up, too many connections
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08")
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // HasCode reports whether err is (or wraps) a PostgreSQL error with SQLSTATE code.

@@ -2,11 +2,16 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/acme/orders/internal/testenv"
 	"github.com/acme/orders/postgres"
@@ -42,6 +47,37 @@ func TestOpenSessionSettings(t *testing.T) {
 		}
 		if timeout != c.timeout || planned != c.planned {
 			t.Errorf("%s: statement_timeout %s, plan_cache_mode %s; want %s and %s", c.url, timeout, planned, c.timeout, c.planned)
+		}
+	}
+}
+
+// Unavailable tells the database being down (or refusing work while it
+// stops, starts or is full) from a request's own failure.
+func TestUnavailableTellsTheDatabaseDownFromOtherFailures(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return fmt.Errorf("claim: %w", &pgconn.PgError{Code: code}) }
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{pg("57P01"), true}, // admin shutdown
+		{pg("57P03"), true}, // the database system is starting up
+		{pg("53300"), true}, // too many connections
+		{pg("08006"), true}, // connection failure
+		{fmt.Errorf("create: %w", refused), true},
+		{fmt.Errorf("create: %w", pgconn.ErrConnClosed), true},
+		{fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
+		{pg("23505"), false}, // unique violation
+		{pg("57014"), false}, // query cancelled (our own statement timeout)
+		{pg("55P03"), false}, // lock timeout
+		{fmt.Errorf("create: %w", context.DeadlineExceeded), false},
+		{fmt.Errorf("create: %w", context.Canceled), false},
+		{errors.New("some bug"), false},
+		{nil, false},
+	} {
+		if got := postgres.Unavailable(tc.err); got != tc.want {
+			t.Errorf("Unavailable(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
 }

@@ -161,6 +161,39 @@ func TestOnlyDocumentedMediaTypesAreTaken(t *testing.T) {
 	}
 }
 
+// Two Content-Type lines are refused with 400, whatever they say: read by
+// the first line alone, application/json then text/plain was taken, and
+// the other order refused.
+func TestTwoContentTypesAreRefused(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	for i, cts := range [][]string{
+		{"application/json", "text/plain"},
+		{"text/plain", "application/json"},
+		{"application/json; charset=utf-8", "application/json; charset=latin1"},
+	} {
+		req, err := http.NewRequest(http.MethodPost, a.url+"/v1/orders", strings.NewReader(validBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+a.token)
+		req.Header.Set("Idempotency-Key", "two-ct-"+strconv.Itoa(i))
+		for _, ct := range cts {
+			req.Header.Add("Content-Type", ct)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		expectProblem(t, strings.Join(cts, " + "), response{status: res.StatusCode, header: res.Header, body: b}, http.StatusBadRequest, "malformed-request", "")
+	}
+	if keys, orders, _, _ := a.counts(t); keys != 0 || orders != 0 {
+		t.Fatalf("keys=%d orders=%d, want nothing written", keys, orders)
+	}
+}
+
 // A JSON body in another charset than UTF-8, or with a Content-Encoding
 // (read as it is, "br" over plain JSON was taken), is refused with 415.
 func TestOtherCharsetsAreRefused(t *testing.T) {

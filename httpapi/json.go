@@ -42,6 +42,12 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 				"Send the body without Content-Encoding (got "+strconv.Quote(ce)+"); compression is not supported.")
 		}
 	}
+	if len(r.Header.Values("Content-Type")) > 1 {
+		// One field (RFC 9110, 8.3); read by its first line only, two
+		// lines that disagree were taken by the first's media type.
+		return problem(http.StatusBadRequest, "malformed-request", "Malformed request",
+			"Send one Content-Type header, not several.")
+	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, params, err := mime.ParseMediaType(ct)
 		if err != nil || !jsonMediaType(r.Method, mt) {

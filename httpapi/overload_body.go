@@ -60,6 +60,15 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		if r.ContentLength > maxBodyBytes {
+			// Declared too long: 413 at once, not after waiting for a
+			// body that would be refused anyway (or a 408 when it never
+			// comes), and close rather than drain it.
+			p := tooLarge()
+			p.header = http.Header{"Connection": {"close"}}
+			writeProblem(w, r, s.Logger, p, nil)
+			return
+		}
 		rc := http.NewResponseController(w)
 		if err := rc.SetReadDeadline(time.Now().Add(s.BodyTimeout)); err != nil {
 			if !errors.Is(err, http.ErrNotSupported) {

@@ -60,3 +60,30 @@ func TestOverLimitBodyThenStallIsClosed(t *testing.T) {
 	}
 	testenv.Eventually(t, time.Second, "the tenant slot is free", func() bool { return a.tenants.Stats().InFlight == 0 })
 }
+
+// A body that declares more than the limit gets 413 before any of it is
+// read: not a 408 after the body timeout, when the client sends only part
+// of it (sending the rest could never succeed), and its slot is free.
+func TestBodyDeclaredTooLongIs413AtOnce(t *testing.T) {
+	t.Parallel()
+	a := newLimitedAPI(t, httpapi.TenantLimitConfig{MaxInFlight: 1}, 0, time.Minute)
+	tok := a.token(t, "big")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(a.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nIdempotency-Key: k1\r\n"+
+		"Content-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n{\"customer_id\": \"c1\"", tok)
+	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second)) // the body timeout is a minute
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no response to a body declared too long: %v", err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "body-too-large") || !res.Close {
+		t.Fatalf("body declared too long: %d close=%v %s, want 413 body-too-large with Connection: close", res.StatusCode, res.Close, b)
+	}
+	testenv.Eventually(t, time.Second, "the tenant slot is free", func() bool { return a.tenants.Stats().InFlight == 0 })
+}

@@ -24,6 +24,7 @@ const (
 	TypePreconditionFailed  = ProblemBase + "precondition-failed"
 	TypeIfMatchRequired     = ProblemBase + "if-match-required"
 	TypeViewBehind          = ProblemBase + "view-behind"
+	TypeVersionNotWritten   = ProblemBase + "version-not-written"
 	TypeKeyMismatch         = ProblemBase + "idempotency-key-mismatch"
 	TypeAmountNotChargeable = ProblemBase + "amount-not-chargeable"
 	TypeKeyInFlight         = ProblemBase + "idempotency-key-in-flight"
@@ -162,6 +163,11 @@ func IsMismatch(err error) bool { return isType(err, TypeKeyMismatch) }
 // not reached the asked version in time (CurrentVersion says where it is).
 // Nothing is wrong with the request; WaitForVersion retries it.
 func IsViewBehind(err error) bool { return isType(err, TypeViewBehind) }
+
+// IsVersionNotWritten reports whether err is a 412 version-not-written:
+// the order itself was more than one version short of the asked version,
+// so waiting longer does not help (WaitForVersion stops).
+func IsVersionNotWritten(err error) bool { return isType(err, TypeVersionNotWritten) }
 
 // IsConflict reports whether err is a 409 conflict: a step the order can
 // no longer take (CurrentStatus), or a late retry of an expired key whose

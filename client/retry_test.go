@@ -240,17 +240,21 @@ func TestDefinitiveAnswersAreNotRetried(t *testing.T) {
 	if !client.IsNotFound(err) {
 		t.Fatalf("unknown order: %v; want not-found", err)
 	}
-	_, err = c.GetOrder(ctx, first.ID, client.WithMinVersion(99), client.WithWait(0))
+	_, err = c.GetOrder(ctx, first.ID, client.WithMinVersion(2), client.WithWait(0))
 	if pr := client.AsProblem(err); !client.IsViewBehind(err) || pr.CurrentVersion == nil || *pr.CurrentVersion > 1 || pr.RetryAfter != time.Second {
-		t.Fatalf("min_version 99: %v; want view-behind at 0 or 1 with Retry-After: 1", err)
+		t.Fatalf("min_version 2: %v; want view-behind at 0 or 1 with Retry-After: 1", err)
+	}
+	_, err = c.GetOrder(ctx, first.ID, client.WithMinVersion(99), client.WithWait(0))
+	if pr := client.AsProblem(err); !client.IsVersionNotWritten(err) || pr.RetryAfter != 0 {
+		t.Fatalf("min_version 99: %v; want version-not-written without Retry-After", err)
 	}
 	for _, a := range p.seen() {
 		if a.status == 0 || a.status >= 500 {
 			t.Fatalf("unexpected attempt %+v", a)
 		}
 	}
-	if n := len(p.seen()); n != 7 {
-		t.Fatalf("%d requests for 7 calls: something was retried", n)
+	if n := len(p.seen()); n != 8 {
+		t.Fatalf("%d requests for 8 calls: something was retried", n)
 	}
 	if n := ordersOf(t, tenant); n != 1 {
 		t.Fatalf("%d orders, want 1", n)

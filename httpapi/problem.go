@@ -60,6 +60,7 @@ func problemFor(err error) *Problem {
 	var de *domain.Error
 	var mismatch *command.MismatchError
 	var behind *query.BehindError
+	var notWritten *query.NotWrittenError
 	var quota *command.KeyQuotaError
 	switch {
 	case errors.As(err, &quota):
@@ -67,6 +68,9 @@ func problemFor(err error) *Problem {
 			fmt.Sprintf("This tenant has %d Idempotency-Keys or %d bytes of them (requests and responses) stored, its quota; keys make room as they expire. A retry of a stored key still replays.", quota.Quota, quota.QuotaBytes))
 		p.header = http.Header{"Retry-After": {strconv.Itoa(max(1, int(quota.RetryAfter.Round(time.Second).Seconds())))}}
 		return p
+	case errors.As(err, &notWritten):
+		return problem(http.StatusPreconditionFailed, "version-not-written", "Version not written",
+			fmt.Sprintf("Version %d of this order was not written: the order itself is at version %d, and only a payment or refund settling adds a version by itself. Wait for the version your own write returned (its ETag), or the one after it for its payment or refund.", notWritten.Want, notWritten.Written))
 	case errors.As(err, &behind):
 		p := problem(http.StatusPreconditionFailed, "view-behind", "Read model behind",
 			fmt.Sprintf("The read model has not caught up with version %d yet (it is at %d); retry shortly, or wait longer with Prefer: wait=N.", behind.Want, behind.Have))

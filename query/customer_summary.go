@@ -83,7 +83,7 @@ func (h GetCustomerSummaryHandler) Handle(ctx context.Context, q GetCustomerSumm
 			err := h.db.QueryRow(ctx, projectionPositionSQL, "customer_summaries", q.TenantID, p.OrderID).Scan(&v)
 			return v, err
 		})
-		if err := notFoundIfNoOrder(ctx, h.db, q.TenantID, p.OrderID, err); err != nil {
+		if err := explainBehind(ctx, h.db, q.TenantID, p.OrderID, err); err != nil {
 			return CustomerSummary{}, err
 		}
 	}

@@ -49,17 +49,18 @@ const orderViewColumns = `order_id, tenant_id, customer_id, status, currency, it
 
 const orderViewGetSQL = `SELECT ` + orderViewColumns + ` FROM order_views WHERE tenant_id = $1 AND order_id = $2`
 
-// orderExistsSQL asks the write model whether the tenant has the order.
-// Reads ask it only when a wait for a version ended with no view of the
-// order at all, to tell an order not projected yet from one that does
-// not exist.
-const orderExistsSQL = `SELECT EXISTS (SELECT 1 FROM orders WHERE tenant_id = $1 AND id = $2)`
+// orderVersionSQL reads the write model's version of the tenant's order.
+// Reads ask it only when a wait for a version ended without it, to tell an
+// order not projected yet from one that does not exist, and a version on
+// its way from one nobody wrote.
+const orderVersionSQL = `SELECT version FROM orders WHERE tenant_id = $1 AND id = $2`
 
 // Handle returns the order as the read model has it. It returns a
 // KindNotFound *domain.Error if the read model has no such order for the
 // tenant (with q.MinVersion: if, when the wait ends, neither the read model
-// nor the write model has it), and a *BehindError if the view did not reach
-// q.MinVersion within q.Wait.
+// nor the write model has it), a *NotWrittenError if the write model is
+// short of q.MinVersion by more than one when the wait ends (explainBehind),
+// and a *BehindError if the view did not reach q.MinVersion within q.Wait.
 func (h GetOrderHandler) Handle(ctx context.Context, q GetOrder) (domain.Order, error) {
 	var o domain.Order
 	err := awaitVersion(ctx, h.changes, "order_views", q.TenantID, q.ID, q.MinVersion, q.Wait, func() (int64, error) {
@@ -70,25 +71,30 @@ func (h GetOrderHandler) Handle(ctx context.Context, q GetOrder) (domain.Order, 
 		}
 		return o.Version, err
 	})
-	return o, notFoundIfNoOrder(ctx, h.db, q.TenantID, q.ID, err)
+	return o, explainBehind(ctx, h.db, q.TenantID, q.ID, err)
 }
 
-// notFoundIfNoOrder turns err, a *BehindError of a wait that never saw the
-// order at all (version 0), into a KindNotFound *domain.Error if the write
-// model has no such order of the tenant either: a version of an order that
-// does not exist never comes, and a client told to retry would wait for it
-// for ever. Any other err is returned as it is.
-func notFoundIfNoOrder(ctx context.Context, db Querier, tenant string, id uuid.UUID, err error) error {
+// explainBehind turns err, a *BehindError of a wait that ended without the
+// version, into a KindNotFound *domain.Error if the write model has no such
+// order of the tenant, or a *NotWrittenError if the write model is short of
+// that version by more than one: a client told to retry would wait for it
+// for ever, since only the client's own commands could write it. One
+// version ahead stays a *BehindError: the service writes that one itself
+// (a payment or refund settling after the command that asked for it). Any
+// other err is returned as it is.
+func explainBehind(ctx context.Context, db Querier, tenant string, id uuid.UUID, err error) error {
 	var behind *BehindError
-	if !errors.As(err, &behind) || behind.Have > 0 {
+	if !errors.As(err, &behind) {
 		return err
 	}
-	var exists bool
-	if qerr := db.QueryRow(ctx, orderExistsSQL, tenant, id).Scan(&exists); qerr != nil {
-		return fmt.Errorf("look up order %s: %w", id, qerr)
-	}
-	if !exists {
+	var written int64
+	switch qerr := db.QueryRow(ctx, orderVersionSQL, tenant, id).Scan(&written); {
+	case errors.Is(qerr, pgx.ErrNoRows):
 		return domain.Errorf(domain.KindNotFound, "order %s not found", id)
+	case qerr != nil:
+		return fmt.Errorf("look up order %s: %w", id, qerr)
+	case behind.Want-1 > written:
+		return &NotWrittenError{Want: behind.Want, Written: written}
 	}
 	return err
 }

@@ -169,6 +169,18 @@ func (e *BehindError) Error() string {
 	return fmt.Sprintf("the read model is at version %d, not yet at %d", e.Have, e.Want)
 }
 
+// NotWrittenError is returned when a reader waited for a version of an
+// order that the write model was more than one version short of when the
+// wait ended: only commands not yet sent could write it, so waiting
+// longer does not help.
+type NotWrittenError struct {
+	Want, Written int64
+}
+
+func (e *NotWrittenError) Error() string {
+	return fmt.Sprintf("version %d of the order was not written: the order is at version %d", e.Want, e.Written)
+}
+
 // awaitVersion calls read until it reports a version of projection's row
 // of tenant's order id of at least min, or returns a *BehindError after wait. With min ≤ 0 it reads
 // once. Each retry waits for a Notify naming the projection and the order

@@ -683,7 +683,7 @@ func (s *Idempotency) Lookup(ctx context.Context, tenantID, key string) ([]KeyRe
 		return nil, fmt.Errorf("look up idempotency key: %w", err)
 	}
 	if len(records) == 0 {
-		return nil, domain.Errorf(domain.KindNotFound, "no idempotency key %q", key)
+		return nil, domain.Errorf(domain.KindNotFound, "no idempotency key %q is stored for this tenant: it was never used, it expired, or its first request is still running; to learn a request's outcome, send the request again with the same key", key)
 	}
 	return records, nil
 }

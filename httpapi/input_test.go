@@ -80,6 +80,11 @@ func TestBodiesThatAreNotObjectsAreRefused(t *testing.T) {
 			t.Fatalf("%s: %s, want it to say the body must be a JSON object", tt.name, res.body)
 		}
 	}
+	res := a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Idempotency-Key": "k-garbage"}, "garbage")
+	expectProblem(t, "create garbage", res, http.StatusBadRequest, "malformed-request", "")
+	if !strings.Contains(string(res.body), "not valid JSON") {
+		t.Fatalf("create garbage: %s, want it to say the body is not valid JSON", res.body)
+	}
 	if keys, orders, _, outbox := a.counts(t); keys != 1 || orders != 1 || outbox != 1 {
 		t.Fatalf("refused bodies stored something: keys=%d orders=%d outbox=%d", keys, orders, outbox)
 	}

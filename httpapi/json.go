@@ -146,6 +146,9 @@ func notAnObject(c byte) *Problem {
 		got = ", not a boolean"
 	case c == '-' || ('0' <= c && c <= '9'):
 		got = ", not a number"
+	default:
+		return problem(http.StatusBadRequest, "malformed-request", "Malformed request body",
+			fmt.Sprintf("The body is not valid JSON (it begins with %q); send a JSON object.", c))
 	}
 	return problem(http.StatusBadRequest, "malformed-request", "Malformed request body", "The body must be a JSON object"+got+".")
 }

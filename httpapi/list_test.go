@@ -120,6 +120,7 @@ func TestListOrdersFilters(t *testing.T) {
 		{"status=paid", 2},
 		{"customer_id=alice&status=paid", 1},
 		{"created_after=" + url.QueryEscape(base.Add(30*time.Minute).Format(time.RFC3339)), 2},
+		{"created_after=" + url.QueryEscape(strings.ToLower(base.Add(30*time.Minute).UTC().Format(time.RFC3339))), 2}, // RFC 3339 allows t and z
 		{"customer_id=nobody", 0},
 	} {
 		res := a.do(t, http.MethodGet, "/v1/orders?"+tt.query, nil, "")

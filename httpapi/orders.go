@@ -387,6 +387,13 @@ func invalidParam(name, detail string) *Problem {
 	return p
 }
 
+// invalidPathParam is invalidParam of a parameter in the path.
+func invalidPathParam(name, detail string) *Problem {
+	p := problem(http.StatusBadRequest, "invalid-parameter", "Invalid path parameter", "The path parameter "+name+" "+detail+".")
+	p.Errors = []domain.FieldError{{Field: name, Detail: detail}}
+	return p
+}
+
 type orderPageJSON struct {
 	Orders     []orderJSON `json:"orders"`
 	NextCursor *string     `json:"next_cursor"`
@@ -410,7 +417,7 @@ func (s *Server) listOrders(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if v := params.Get("created_after"); v != "" {
-		t, err := time.Parse(time.RFC3339Nano, v)
+		t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(v)) // RFC 3339 allows a lower-case t and z
 		if err != nil {
 			writeProblem(w, r, s.Logger, invalidParam("created_after", "must be an RFC 3339 time such as 2026-11-21T00:00:00Z"), nil)
 			return

@@ -65,7 +65,7 @@ func problemFor(err error) *Problem {
 	switch {
 	case errors.As(err, &quota):
 		p := problem(http.StatusTooManyRequests, "idempotency-quota-exceeded", "Idempotency key quota exceeded",
-			fmt.Sprintf("This tenant has %d Idempotency-Keys or %d bytes of them (requests and responses) stored, its quota; keys make room as they expire. A retry of a stored key still replays.", quota.Quota, quota.QuotaBytes))
+			fmt.Sprintf("This tenant has reached its quota of stored Idempotency-Keys (at most %d keys, and %d bytes of their requests and responses); keys make room as they expire. A retry of a stored key still replays.", quota.Quota, quota.QuotaBytes))
 		p.header = http.Header{"Retry-After": {strconv.Itoa(max(1, int(quota.RetryAfter.Round(time.Second).Seconds())))}}
 		return p
 	case errors.As(err, &notWritten):

@@ -33,7 +33,7 @@ type currencyTotalJSON struct {
 func (s *Server) customerSummary(w http.ResponseWriter, r *http.Request) {
 	customer, ok := pathParam(r, "id")
 	if !ok || domain.ValidateCustomerID(customer) != nil {
-		writeProblem(w, r, s.Logger, invalidParam("id", "must be a customer id: 1 to 64 visible ASCII characters"), nil)
+		writeProblem(w, r, s.Logger, invalidPathParam("id", "must be a customer id: 1 to 64 visible ASCII characters"), nil)
 		return
 	}
 	q := query.GetCustomerSummary{TenantID: tenantOf(r), CustomerID: customer, Wait: s.readWait(r)}

@@ -98,8 +98,12 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	case errors.As(err, &syntaxErr):
 		return bad(fmt.Sprintf("The body is not valid JSON (at byte %d): %v.", syntaxErr.Offset, syntaxErr))
 	case errors.As(err, &typeErr):
+		field := valuePathAt(body, typeErr.Offset)
+		if field == "" {
+			field = typeErr.Field // encoding/json's, without array indexes
+		}
 		return bad("A field has the wrong type.", domain.FieldError{
-			Field:  typeErr.Field,
+			Field:  clip(field, maxFieldPath),
 			Detail: fmt.Sprintf("must be %s, got %s", jsonTypeName(typeErr.Type.Kind().String()), typeErr.Value),
 		})
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
@@ -108,6 +112,64 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 		return bad("The body has a field this endpoint does not know.", domain.FieldError{Field: field, Detail: "unknown field"})
 	default:
 		return bad("The body could not be read as JSON: " + err.Error() + ".")
+	}
+}
+
+// valuePathAt names, as the other problems do ("items[1].quantity"), the
+// value of body that encoding/json reports a type error at: a scalar that
+// ends at byte end, or an object or array whose opening bracket ends
+// there. It returns "" if no value does (or the body does not parse).
+func valuePathAt(body []byte, end int64) string {
+	type level struct {
+		array bool
+		n     int    // an array's elements begun
+		key   string // an object's current key
+		inKey bool   // an object's next token is a key (or its end)
+	}
+	var path []level
+	name := func() string {
+		var b strings.Builder
+		for _, l := range path {
+			if l.array {
+				fmt.Fprintf(&b, "[%d]", l.n-1)
+			} else {
+				b.WriteByte('.')
+				b.WriteString(l.key)
+			}
+		}
+		return strings.TrimPrefix(b.String(), ".")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		d, isDelim := tok.(json.Delim)
+		if isDelim && (d == '}' || d == ']') {
+			path = path[:len(path)-1]
+		} else if top := len(path) - 1; top >= 0 && path[top].inKey {
+			path[top].key, path[top].inKey = tok.(string), false
+			continue
+		} else {
+			if top >= 0 && path[top].array {
+				path[top].n++
+			}
+			if isDelim {
+				if dec.InputOffset() == end {
+					return name()
+				}
+				path = append(path, level{array: d == '[', inKey: d == '{'})
+				continue
+			}
+			if dec.InputOffset() == end {
+				return name()
+			}
+		}
+		if top := len(path) - 1; top >= 0 && !path[top].array {
+			path[top].inKey = true // the value after a key ended
+		}
 	}
 }
 

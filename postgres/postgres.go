@@ -162,15 +162,19 @@ func Retryable(err error) bool {
 // connection that could not be made, or that broke under a statement (a
 // network error, the connection closed, its stream cut short), or the
 // server refusing work while it stops, starts or is full (SQLSTATE class 08,
-// 57P01 to 57P03, 53300). Context errors are not: a deadline of our own or
-// a client that left says nothing of the database.
+// 57P01 to 57P03, 53300). Context errors are not, except in a connection
+// attempt: a deadline of our own or a client that left says nothing of the
+// database.
 func Unavailable(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
 	var connect *pgconn.ConnectError
 	if errors.As(err, &connect) {
-		return true // whatever the server said (a password refused is no bug of a request either)
+		// Whatever the server said, or that it said nothing in time
+		// (connect_timeout: a host that is black-holed or failing over);
+		// a password refused is no bug of a request either.
+		return true
+	}
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/acme/orders/internal/testenv"
@@ -72,6 +73,7 @@ func TestUnavailableTellsTheDatabaseDownFromOtherFailures(t *testing.T) {
 		{pg("57014"), false}, // query cancelled (our own statement timeout)
 		{pg("55P03"), false}, // lock timeout
 		{fmt.Errorf("create: %w", context.DeadlineExceeded), false},
+		{connectTimeout(t), true}, // a server that accepts and never answers
 		{fmt.Errorf("create: %w", context.Canceled), false},
 		{errors.New("some bug"), false},
 		{nil, false},
@@ -80,4 +82,30 @@ func TestUnavailableTellsTheDatabaseDownFromOtherFailures(t *testing.T) {
 			t.Errorf("Unavailable(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
+}
+
+// connectTimeout is the error of connecting, with connect_timeout=1, to a
+// listener that accepts and never answers.
+func connectTimeout(t *testing.T) error {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	conn, err := pgx.Connect(context.Background(), "postgres://postgres@"+l.Addr().String()+"/x?sslmode=disable&connect_timeout=1")
+	if err == nil {
+		conn.Close(context.Background())
+		t.Fatal("connected to a listener that never answers")
+	}
+	return err
 }

@@ -819,9 +819,14 @@ const gapCountsFrom = time.Second
 
 // admitYoung counts the young gap e against its tenant's share of young
 // gaps, or reports false (counting nothing) if the tenant holds it all.
+// It is counted until it comes back, or gapCountsFrom after its delay: it
+// is redelivered then, to this process or (with several) another one,
+// which counts it itself; counting it for AckWait, as a failure's delay
+// is, would keep every gap another process took for half a minute, and
+// fill a busy tenant's share with them.
 func (r *Runner) admitYoung(e *event) bool {
 	now := time.Now()
-	return r.young.admit(e.seq, e.env.TenantID, now.Add(r.gapDelay(e.deliveries)+r.cfg.AckWait), now)
+	return r.young.admit(e.seq, e.env.TenantID, now.Add(r.gapDelay(e.deliveries)+gapCountsFrom), now)
 }
 
 // gapDelay is how long an event waits for its predecessor: GapDelay, doubling

@@ -44,11 +44,15 @@ for p in "$PG_PORT" "$NATS_PORT" "$API_PORT" "$PROJ_PORT" "$WORKER_PORT" "$PSP_P
 	[[ "$p" =~ ^[0-9]+$ ]] || { echo "stack: ports must be numbers, got '$p'" >&2; exit 2; }
 done
 STATE="${STACK_DIR:-$ROOT/$STATE}"
-# NEW_STATE: this run creates the folder, so a run that starts nothing (a
-# refusal, a missing tool) removes it again and leaves no trace.
+# NEW_STATE: this run creates the folder (judged on the path as resolved, so
+# new/.. is not new), so a run that starts nothing while it holds the
+# folder's lock (a refusal, a missing tool) removes it again and leaves no
+# trace. A run that never got the lock removes nothing: the folder is the
+# other run's.
 NEW_STATE=0
-if [ ! -e "$STATE" ]; then NEW_STATE=1; fi
+if resolved=$(realpath -m -- "$STATE" 2>/dev/null) && [ ! -e "$resolved" ]; then NEW_STATE=1; fi
 STATE=$(abs_dir "$STATE")
+if [ "$NEW_STATE" = 1 ] && [ "$STATE" != "$resolved" ]; then NEW_STATE=0; fi
 BIN="$STATE/bin" # per stack, so two stacks never rebuild each other's binaries
 READY_TIMEOUT="${READY_TIMEOUT:-60}"
 
@@ -111,7 +115,7 @@ cleanup() {
 		say "the PostgreSQL an earlier run left stays running (scripts/pg.sh stop $SHOWN_STATE stops it)"
 	fi
 	if [ "$LOCKED" = 1 ]; then rm -f "$STATE/stack.info"; fi
-	if [ "$NEW_STATE" = 1 ] && [ "$STARTED_PG$STARTED_NATS" = 00 ] && [ -z "$PROJ_PID$API_PID$WORKER_PID$PSP_PID" ]; then
+	if [ "$NEW_STATE$LOCKED" = 11 ] && [ "$STARTED_PG$STARTED_NATS" = 00 ] && [ -z "$PROJ_PID$API_PID$WORKER_PID$PSP_PID" ]; then
 		rm -rf "$STATE"
 	fi
 	exit "$rc"

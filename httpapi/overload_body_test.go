@@ -17,10 +17,12 @@ import (
 	"github.com/acme/orders/internal/testenv"
 )
 
-// A body that declares more than the limit, sends one byte past it and
-// stalls gets 413 at once and its connection is closed within the body
+// A chunked body (no length declared) that sends one byte past the limit
+// and stalls gets 413 at once and its connection is closed within the body
 // timeout: the server neither waits for the rest with no deadline (which
-// held a goroutine and a socket forever) nor keeps the connection.
+// held a goroutine and a socket forever) nor keeps the connection. (A body
+// that declares more than the limit is refused before it is read:
+// TestBodyDeclaredTooLongIs413AtOnce.)
 func TestOverLimitBodyThenStallIsClosed(t *testing.T) {
 	t.Parallel()
 	const bodyTimeout = 500 * time.Millisecond
@@ -34,11 +36,11 @@ func TestOverLimitBodyThenStallIsClosed(t *testing.T) {
 	const limit = 1 << 20
 	start := time.Now()
 	fmt.Fprintf(conn, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nIdempotency-Key: k1\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n", tok, limit+100<<10)
+		"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n", tok, limit+100<<10)
 	if _, err := conn.Write(bytes.Repeat([]byte(" "), limit+1)); err != nil {
 		t.Fatal(err)
 	}
-	// Now go silent, with 100 KiB still owed.
+	// Now go silent, with 100 KiB of the chunk still owed.
 	_ = conn.SetReadDeadline(time.Now().Add(bodyTimeout + 5*time.Second))
 	br := bufio.NewReader(conn)
 	res, err := http.ReadResponse(br, nil)

@@ -381,15 +381,15 @@ func (s *Server) readWait(r *http.Request) time.Duration {
 	return s.ReadWait
 }
 
-func invalidParam(name, detail string) *Problem {
-	p := problem(http.StatusBadRequest, "invalid-parameter", "Invalid query parameter", "The query parameter "+name+" "+detail+".")
-	p.Errors = []domain.FieldError{{Field: name, Detail: detail}}
-	return p
-}
+func invalidParam(name, detail string) *Problem { return badParam("query", name, detail) }
 
 // invalidPathParam is invalidParam of a parameter in the path.
-func invalidPathParam(name, detail string) *Problem {
-	p := problem(http.StatusBadRequest, "invalid-parameter", "Invalid path parameter", "The path parameter "+name+" "+detail+".")
+func invalidPathParam(name, detail string) *Problem { return badParam("path", name, detail) }
+
+// badParam is the 400 invalid-parameter problem of the parameter name in
+// where (query or path).
+func badParam(where, name, detail string) *Problem {
+	p := problem(http.StatusBadRequest, "invalid-parameter", "Invalid "+where+" parameter", "The "+where+" parameter "+name+" "+detail+".")
 	p.Errors = []domain.FieldError{{Field: name, Detail: detail}}
 	return p
 }

@@ -64,9 +64,7 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 			// Declared too long: 413 at once, not after waiting for a
 			// body that would be refused anyway (or a 408 when it never
 			// comes), and close rather than drain it.
-			p := tooLarge()
-			p.header = http.Header{"Connection": {"close"}}
-			writeProblem(w, r, s.Logger, p, nil)
+			writeProblem(w, r, s.Logger, tooLargeClose(), nil)
 			return
 		}
 		rc := http.NewResponseController(w)
@@ -100,9 +98,7 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 			// The rest is not read: close the connection rather than
 			// drain it, and keep the deadline, which bounds the drain
 			// net/http still attempts when it closes the body.
-			p := tooLarge()
-			p.header = http.Header{"Connection": {"close"}}
-			writeProblem(w, r, s.Logger, p, nil)
+			writeProblem(w, r, s.Logger, tooLargeClose(), nil)
 			return
 		}
 		// The body is in, to its end; the rest of the request may take
@@ -114,6 +110,14 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 		r.Body = io.NopCloser(bytes.NewReader(b))
 		next.ServeHTTP(w, r)
 	})
+}
+
+// tooLargeClose is tooLarge with Connection: close: the rest of the body
+// is not read.
+func tooLargeClose() *Problem {
+	p := tooLarge()
+	p.header = http.Header{"Connection": {"close"}}
+	return p
 }
 
 // connErr marks a failure to set a deadline on a connection that is closed

@@ -62,9 +62,14 @@ func validated(tb testing.TB, h http.Handler) http.Handler {
 		tb.Fatalf("validated: %T is not a chi router", h)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The tee goes on a copy of the request: the server's own keeps
+		// its body, by which net/http knows a body left unread and
+		// lingers before it closes (closing at once with bytes unread
+		// resets the connection, and the client may lose the answer).
 		var body *teeBody
 		if r.Body != nil && r.Body != http.NoBody {
 			body = &teeBody{ReadCloser: r.Body}
+			r = r.WithContext(r.Context())
 			r.Body = body
 		}
 		rw := &recordingWriter{ResponseWriter: w}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/acme/orders/postgres"
 )
@@ -38,19 +39,77 @@ var bookkeeping = []string{"projection_positions", "inbox", "projection_checkpoi
 // retention pruning); see the README. The positions of orders the retained
 // log no longer holds are kept (their read-model rows are not), so events
 // of theirs delivered again stay stale.
+//
+// One rebuild of a projection runs at a time, across processes: a second
+// one started while it runs returns ErrRebuildRunning at once. (Two at once
+// shared the shadow schema; the second's fresh tables took the first's
+// next batch, and the second walked it again: the swap counted it twice.)
 func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
+	conn, unlock, err := r.lockRebuild(ctx)
+	if err != nil {
+		return RebuildStats{}, err
+	}
+	defer unlock()
+	return r.rebuild(ctx, conn)
+}
+
+// rebuildLockClass is the first key of the session advisory lock a
+// rebuild holds for its whole run (the second is hashtext of the
+// projection's name, as for AdvisoryClass).
+const rebuildLockClass = AdvisoryClass + 1
+
+// ErrRebuildRunning is returned by Rebuild while another rebuild of the
+// same projection runs (in this process or another).
+var ErrRebuildRunning = errors.New("a rebuild of this projection is already running")
+
+// lockRebuild takes the projection's rebuild lock on a connection of its
+// own, held until unlock: a session lock, since the rebuild is many
+// transactions, all on that connection (so a rebuild needs one connection,
+// whatever the pool's size). If the rebuild's process dies, PostgreSQL ends
+// the session and the lock with it. unlock releases the lock; a connection
+// whose unlock failed is closed, not returned to the pool still holding it.
+func (r *Runner) lockRebuild(ctx context.Context) (conn *pgxpool.Conn, unlock func(), err error) {
+	name := r.proj.Name()
+	conn, err = r.db.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("rebuild %s: %w", name, err)
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, rebuildLockClass, name).Scan(&got); err != nil {
+		conn.Release()
+		return nil, nil, fmt.Errorf("rebuild %s: take its lock: %w", name, err)
+	}
+	if !got {
+		conn.Release()
+		return nil, nil, fmt.Errorf("rebuild %s: %w; wait for it to end (its shadow tables are in schema rebuild_%s)", name, ErrRebuildRunning, name)
+	}
+	return conn, func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		var released bool
+		err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1, hashtext($2))`, rebuildLockClass, name).Scan(&released)
+		if err != nil || !released {
+			_ = conn.Conn().Close(ctx) // ends the session, and its lock
+			conn.Release()
+			return
+		}
+		conn.Release()
+	}, nil
+}
+
+func (r *Runner) rebuild(ctx context.Context, db postgres.DB) (RebuildStats, error) {
 	start := time.Now()
 	name := r.proj.Name()
 	schema := pgx.Identifier{"rebuild_" + name}.Sanitize()
 	tables := append(append([]string{}, r.proj.Tables()...), bookkeeping...)
 
-	if _, err := r.db.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
+	if _, err := db.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
 		return RebuildStats{}, fmt.Errorf("create rebuild schema: %w", err)
 	}
-	defer r.db.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") //nolint:errcheck
+	defer db.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") //nolint:errcheck
 	for _, t := range tables {
 		shadow, live := schema+"."+pgx.Identifier{t}.Sanitize(), "public."+pgx.Identifier{t}.Sanitize()
-		if _, err := r.db.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s; CREATE TABLE %s (LIKE %s INCLUDING ALL)", shadow, shadow, live)); err != nil {
+		if _, err := db.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s; CREATE TABLE %s (LIKE %s INCLUDING ALL)", shadow, shadow, live)); err != nil {
 			return RebuildStats{}, fmt.Errorf("create shadow of %s: %w", t, err)
 		}
 	}
@@ -62,7 +121,7 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 	// committed after the walk passed it is left behind here; phase 2
 	// finds it.
 	var stats RebuildStats
-	discarded, err := r.discardedEvents(ctx, r.db)
+	discarded, err := r.discardedEvents(ctx, db)
 	if err != nil {
 		return stats, fmt.Errorf("rebuild %s: %w", name, err)
 	}
@@ -72,7 +131,7 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 		var got, applied int
 		var last int64
 		var left map[int64]leftOut
-		err := postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
+		err := postgres.InTx(ctx, db, func(tx pgx.Tx) error {
 			left = maps.Clone(skipped)
 			if _, err := tx.Exec(ctx, inShadow); err != nil {
 				return err
@@ -104,7 +163,7 @@ func (r *Runner) Rebuild(ctx context.Context) (RebuildStats, error) {
 	// walk did not apply: the late ones, and what arrived since.
 	var caughtUp int
 	var left map[int64]leftOut
-	err = postgres.InTx(ctx, r.db, func(tx pgx.Tx) error {
+	err = postgres.InTx(ctx, db, func(tx pgx.Tx) error {
 		caughtUp, left = 0, maps.Clone(skipped)
 		// Without statistics the planner takes the shadow inbox for
 		// empty, and its plan compares every event with every row.

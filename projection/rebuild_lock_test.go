@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
 	"testing"
 
 	"github.com/google/uuid"
@@ -102,4 +104,63 @@ func (f fixture) holdLock(t *testing.T, sql string) pgx.Tx {
 		t.Fatal(err)
 	}
 	return tx
+}
+
+// One rebuild of a projection runs at a time. Two at once shared the
+// shadow schema: the second's fresh tables took a batch of the first's
+// walk, the second walked it again, and the swap counted it twice while
+// both reported success. A second rebuild is now refused at once, leaving
+// the first's shadow alone, and the lock is released when the first ends.
+func TestOneRebuildOfAProjectionAtATime(t *testing.T) {
+	t.Parallel()
+	f := newFixtureFor(t, CustomerSummaries{}, Config{})
+	ctx := context.Background()
+	const logged = 2*rebuildBatch + 500
+	if _, err := f.db.Exec(ctx, logEventsSQL, logged); err != nil {
+		t.Fatal(err)
+	}
+
+	// The first rebuild walks the whole log, then waits at its swap
+	// behind a live batch.
+	live := f.holdLock(t, SharedLockSQL)
+	first := make(chan error, 1)
+	go func() {
+		_, err := f.runner.Rebuild(ctx)
+		first <- err
+	}()
+	eventually(t, "the first rebuild waits at its swap", func() bool {
+		select {
+		case err := <-first:
+			t.Fatalf("the first rebuild ended (%v) while a live batch held the projection's lock", err)
+		default:
+		}
+		return f.lockWaiters(t) == 1
+	})
+
+	// Another process's rebuild of the same projection is refused.
+	other := mustRunner(t, f.db, nil, CustomerSummaries{}, slog.New(slog.NewTextHandler(io.Discard, nil)), Config{})
+	if _, err := other.Rebuild(ctx); !errors.Is(err, ErrRebuildRunning) {
+		t.Fatalf("a second rebuild while one runs: %v, want ErrRebuildRunning", err)
+	}
+
+	if err := live.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("the first rebuild: %v", err)
+	}
+	pending := func() int {
+		return f.count(t, `SELECT coalesce(sum(orders_pending), 0)::int FROM customer_summaries`)
+	}
+	if n := pending(); n != logged {
+		t.Fatalf("customer summaries count %d pending orders, the log holds %d", n, logged)
+	}
+
+	// Its lock went with it: the next rebuild runs, and counts the same.
+	if _, err := other.Rebuild(ctx); err != nil {
+		t.Fatalf("a rebuild after the first ended: %v", err)
+	}
+	if n := pending(); n != logged {
+		t.Fatalf("after a second rebuild: %d pending orders, the log holds %d", n, logged)
+	}
 }

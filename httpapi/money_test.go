@@ -174,4 +174,30 @@ VALUES ('t1', '2026-11-21', 'EUR', 6002, $1::numeric, $2::numeric)`} {
 			t.Fatalf("daily sales ?%s: status %d, body %s; want 400", q, res.status, res.body)
 		}
 	}
+
+	// A bad range names the bound the client gave: to when both are
+	// given, from when to was left to its default, today (it used to name
+	// to, which the client never sent).
+	for _, tt := range []struct{ query, field, detail string }{
+		{"from=2026-01-02&to=2026-01-01", "to", "must not be before from"},
+		{"from=2025-01-01&to=2026-01-01", "", ""}, // 366 days, both ends in
+		{"from=2024-12-31&to=2026-01-01", "to", "may span at most 366 days"},
+		{"from=9999-01-01", "from", "must not be after to (to was not given: it is today, "},
+		{"from=0001-01-01", "from", "must be at most 365 days before to (to was not given: it is today, "},
+	} {
+		res := a.do(t, http.MethodGet, "/v1/reports/daily-sales?"+tt.query, nil, "")
+		if tt.field == "" {
+			if res.status != http.StatusOK {
+				t.Fatalf("daily sales ?%s: status %d, body %s; want 200", tt.query, res.status, res.body)
+			}
+			continue
+		}
+		if res.status != http.StatusUnprocessableEntity {
+			t.Fatalf("daily sales ?%s: status %d, body %s; want 422", tt.query, res.status, res.body)
+		}
+		p := decodeProblem(t, res)
+		if len(p.Errors) != 1 || p.Errors[0].Field != tt.field || !strings.Contains(p.Errors[0].Detail, tt.detail) {
+			t.Fatalf("daily sales ?%s: errors %+v, want %s: %q", tt.query, p.Errors, tt.field, tt.detail)
+		}
+	}
 }

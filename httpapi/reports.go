@@ -134,7 +134,8 @@ func (s *Server) dailySales(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, s.Logger, invalidParam("currency", "must be an ISO 4217 code in upper case"), nil)
 		return
 	}
-	days, err := s.GetDailySales.Handle(r.Context(), query.GetDailySales{TenantID: tenantOf(r), From: from, To: to, Currency: currency})
+	days, err := s.GetDailySales.Handle(r.Context(), query.GetDailySales{TenantID: tenantOf(r), From: from, To: to, Currency: currency,
+		ToIsToday: params.Get("to") == ""})
 	if err != nil {
 		writeProblem(w, r, s.Logger, problemFor(err), err)
 		return

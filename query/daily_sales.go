@@ -20,6 +20,30 @@ type GetDailySales struct {
 	TenantID string
 	From, To time.Time // midnight UTC
 	Currency string    // "" for all
+	// ToIsToday says the client gave no To (it is today's date): a bad
+	// range is then blamed on From, the bound the client chose.
+	ToIsToday bool
+}
+
+// checkRange refuses a reversed range and one longer than MaxReportDays,
+// naming the bound the client gave.
+func (q GetDailySales) checkRange() error {
+	field, reversed, long := "to", "must not be before from", "the range may span at most "+strconv.Itoa(MaxReportDays)+" days"
+	if q.ToIsToday {
+		today := " (to was not given: it is today, " + q.To.Format(time.DateOnly) + ")"
+		field, reversed, long = "from", "must not be after to"+today, "must be at most "+strconv.Itoa(MaxReportDays-1)+" days before to"+today
+	}
+	invalid := func(detail string) error {
+		return &domain.Error{Kind: domain.KindInvalid, Message: "invalid range",
+			Fields: []domain.FieldError{{Field: field, Detail: detail}}}
+	}
+	switch {
+	case q.To.Before(q.From):
+		return invalid(reversed)
+	case q.To.Sub(q.From) >= MaxReportDays*24*time.Hour:
+		return invalid(long)
+	}
+	return nil
 }
 
 // DaySales are one day's figures in one currency. Orders is a count (int64
@@ -42,13 +66,8 @@ func NewGetDailySalesHandler(db Querier) GetDailySalesHandler { return GetDailyS
 // Handle returns the days that had sales, in day and currency order. It
 // returns a KindInvalid *domain.Error for a reversed or too long range.
 func (h GetDailySalesHandler) Handle(ctx context.Context, q GetDailySales) ([]DaySales, error) {
-	if q.To.Before(q.From) {
-		return nil, &domain.Error{Kind: domain.KindInvalid, Message: "invalid range",
-			Fields: []domain.FieldError{{Field: "to", Detail: "must not be before from"}}}
-	}
-	if q.To.Sub(q.From) >= MaxReportDays*24*time.Hour {
-		return nil, &domain.Error{Kind: domain.KindInvalid, Message: "invalid range",
-			Fields: []domain.FieldError{{Field: "to", Detail: "the range may span at most " + strconv.Itoa(MaxReportDays) + " days"}}}
+	if err := q.checkRange(); err != nil {
+		return nil, err
 	}
 	sql := `SELECT day, currency, orders, paid_amount, refunded_amount FROM daily_sales
 WHERE tenant_id = $1 AND day BETWEEN $2 AND $3`

@@ -354,19 +354,22 @@ func (s *Server) getOrder(w http.ResponseWriter, r *http.Request) {
 	tag := etag(o.Version)
 	w.Header().Set("ETag", tag)
 	w.Header().Set("Cache-Control", "no-cache")
-	if etagMatches(r.Header.Get("If-None-Match"), tag) {
+	if etagMatches(r.Header.Values("If-None-Match"), tag) {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
 	s.writeJSON(w, r, http.StatusOK, toOrderJSON(o))
 }
 
-// etagMatches applies If-None-Match's weak comparison to a list of tags.
-func etagMatches(header, tag string) bool {
-	for t := range strings.SplitSeq(header, ",") {
-		t = strings.TrimPrefix(strings.TrimSpace(t), "W/")
-		if t == "*" || t == tag {
-			return true
+// etagMatches applies If-None-Match's weak comparison to the lists of tags
+// on every line of the header (one list may come as several lines).
+func etagMatches(lines []string, tag string) bool {
+	for _, line := range lines {
+		for t := range strings.SplitSeq(line, ",") {
+			t = strings.TrimPrefix(strings.TrimSpace(t), "W/")
+			if t == "*" || t == tag {
+				return true
+			}
 		}
 	}
 	return false

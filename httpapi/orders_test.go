@@ -413,3 +413,45 @@ func TestGetOrderErrors(t *testing.T) {
 		}
 	}
 }
+
+// GET answers 304 when If-None-Match names the order's current ETag: in
+// any entry of a list, weak or strong, or as "*", on any of the header's
+// lines (a list may be split over several).
+func TestGetOrderIfNoneMatch(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	id := insertView(t, a, "t1", "c", "pending", time.Now())
+	path := "/v1/orders/" + id.String()
+	if res := a.do(t, http.MethodGet, path, nil, ""); res.status != http.StatusOK || res.header.Get("ETag") != `"1"` {
+		t.Fatalf("GET: status %d, ETag %q; want 200 with \"1\"", res.status, res.header.Get("ETag"))
+	}
+	for _, tt := range []struct {
+		lines  []string
+		status int
+	}{
+		{[]string{`"1"`}, http.StatusNotModified},
+		{[]string{`W/"1"`}, http.StatusNotModified},
+		{[]string{`"0", "1"`}, http.StatusNotModified},
+		{[]string{`*`}, http.StatusNotModified},
+		{[]string{`"0"`, `"1"`}, http.StatusNotModified}, // the second line used to be ignored
+		{[]string{`"0"`}, http.StatusOK},
+		{[]string{`"0"`, `"2"`}, http.StatusOK},
+	} {
+		req, err := http.NewRequest(http.MethodGet, a.url+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+a.token)
+		for _, l := range tt.lines {
+			req.Header.Add("If-None-Match", l)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != tt.status {
+			t.Fatalf("If-None-Match %q: status %d, want %d", tt.lines, res.StatusCode, tt.status)
+		}
+	}
+}

@@ -29,6 +29,10 @@ const (
 type result struct {
 	verdict verdict
 	err     error
+	// providerDown marks a retry because the provider gave no outcome
+	// (no answer, 5xx, 429, 409, a refund not settled yet): retried for
+	// as long as that lasts, never dead-lettered for it (exhausted).
+	providerDown bool
 	// timing is set when this delivery recorded the outcome.
 	timing *Timing
 }
@@ -79,13 +83,27 @@ func (w *Worker) recorded(ctx context.Context, consumer string, id uuid.UUID) (b
 }
 
 // providerResult classifies a provider error: permanent ones are
-// dead-lettered, everything else (transient, timeouts) retried.
+// dead-lettered, everything else (transient, timeouts) retried, for as long
+// as the provider gives no outcome (see exhausted).
 func (w *Worker) providerResult(consumer string, err error) result {
 	if errors.Is(err, payment.ErrPermanent) {
 		return result{verdict: dead, err: err}
 	}
 	w.stats.transient(consumer)
-	return result{verdict: retry, err: err}
+	return result{verdict: retry, err: err, providerDown: true}
+}
+
+// exhausted says whether a retry that failed for the failed-th time is
+// dead-lettered: at Config.MaxDeliver failures, unless the provider gave
+// no outcome. An outage of the provider outlasts any count (ten failures
+// are about two minutes of backoff): dead-lettered, every intent in flight
+// would need an operator's retry when it came back, and its order would
+// stay payment_pending, neither payable again nor cancellable, meanwhile.
+// Such an intent stays parked, retried every MaxBackoff with its key, and
+// settles on its own when the provider answers; payment_worker_transient
+// counts the failures and the worker's /readyz says the provider is down.
+func (w *Worker) exhausted(r result, failed int) bool {
+	return !r.providerDown && failed >= w.cfg.MaxDeliver
 }
 
 // recordResult classifies an error of a record command: a refusal no retry

@@ -38,7 +38,8 @@ import (
 // and tried again after the lease. A settled one is deleted (payment_inbox and payments hold its
 // outcome); a failed one is parked again on the backoff, and opened as a
 // dead letter after MaxDeliver failed deliveries (counted on the row, with
-// the ones before it was parked).
+// the ones before it was parked), unless the provider gave no outcome
+// (exhausted): that one waits, parked, until the provider answers.
 //
 // G8 holds through the attempts column, which counts the attempts that
 // may have reached the provider: the lease adds one before the call, so an
@@ -373,7 +374,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 	case abandon: // its lease expires, and it is tried again (looked up first)
 		w.logger.WarnContext(ctx, "parked intent abandoned before recording; it is tried again after its lease", "consumer", consumer, "id", p.ID, "err", r.err)
 	case retry:
-		if int(failed) < w.cfg.MaxDeliver {
+		if !w.exhausted(r, int(failed)) {
 			delay := w.backoff(uint64(failed))
 			w.logger.WarnContext(ctx, "parked intent failed; retrying with the same key", "consumer", consumer, "id", p.ID,
 				"failures", failed, "retry_in", delay, "err", r.err)

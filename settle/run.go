@@ -153,7 +153,7 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 // parked instead (park.go; see Config.TenantShare); one that fails
 // transiently is parked on its backoff (parkFailed: out of the consumer's
 // window, retried by the re-drive), unless fails counts Config.MaxDeliver
-// failures, when it is dead-lettered. It is nak'ed only when its row cannot
+// failures not the provider's (exhausted), when it is dead-lettered. It is nak'ed only when its row cannot
 // be written.
 func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlots, fails *failures, m jetstream.Msg) {
 	var delivered uint64 = 1
@@ -200,7 +200,7 @@ func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlot
 		if seq != 0 {
 			failed = fails.add(seq, time.Now())
 		}
-		if failed < w.cfg.MaxDeliver {
+		if !w.exhausted(r, failed) {
 			delay := w.backoff(uint64(failed))
 			w.logger.WarnContext(ctx, "intent failed; retrying with the same key", "consumer", consumer, "stream_seq", seq,
 				"delivery", delivered, "failures", failed, "retry_in", delay, "err", r.err)

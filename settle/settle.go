@@ -101,7 +101,9 @@ type Config struct {
 	// MaxDeliver: dead-letter an intent after this many failed deliveries
 	// (DefaultMaxDeliver), counted by this process while it is delivered
 	// (see failures) and on its row once it is parked (park.go): a
-	// deferral past the tenant's share is no failure.
+	// deferral past the tenant's share is no failure, and a failure that
+	// is the provider giving no outcome (down, 5xx, 429) never opens a
+	// dead letter: the intent stays parked until it answers (exhausted).
 	MaxDeliver int
 	// MinBackoff and MaxBackoff bound the delay of the next try after a
 	// transient failure (DefaultMinBackoff, DefaultMaxBackoff).

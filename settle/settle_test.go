@@ -1106,32 +1106,29 @@ func TestAFailedIntentParkedOnItsBackoffIsLookedUpByKey(t *testing.T) {
 	}
 }
 
-// An intent whose provider calls keep failing transiently is dead-lettered
-// (status open) after MaxDeliver failed deliveries, as when its failures
-// were handed back: at once on the last delivery with MaxDeliver 1; with
-// more, it is parked after its first failure and opened by the re-drive at
-// the MaxDeliver-th, counted on its row. Nothing is left parked or in the
-// window, and `retry` settles it once the provider answers.
+// An intent whose recording keeps failing transiently (our side, not the
+// provider's) is dead-lettered (status open) after MaxDeliver failed
+// deliveries, as when its failures were handed back: at once on the last
+// delivery with MaxDeliver 1; with more, it is parked after its first
+// failure and opened by the re-drive at the MaxDeliver-th, counted on its
+// row. Nothing is left parked or in the window, and `retry` settles it
+// once the cause is gone, with the one charge its key made.
 func TestTransientFailuresAreDeadLetteredAtMaxDeliver(t *testing.T) {
 	t.Parallel()
 	for _, maxDeliver := range []int{1, 3} {
 		t.Run(fmt.Sprint("MaxDeliver=", maxDeliver), func(t *testing.T) {
 			t.Parallel()
 			r := newRig(t, fakepsp.Faults{})
-			fail := &failFor{Provider: r.provider, tenant: r.tenant}
-			fail.failing.Store(true)
-			r.provider = fail
+			failRecording(t, r.db, true)
 			w, _ := r.start(t, settle.Config{MaxDeliver: maxDeliver, DeferDelay: 20 * time.Millisecond})
 			id := r.order(t)
 			r.pay(t, id, domain.DefaultPaymentMethod)
 			r.publish(t, id, domain.TypePaymentRequested, 0)
 			dls := r.waitDeadLetters(t, 15*time.Second, "a dead letter")
 			want := fmt.Sprintf("still failing after %d failed deliveries", maxDeliver)
-			if d := dls[0]; d.Consumer != settle.ChargeConsumer || d.Status != "open" || int(d.Deliveries) != maxDeliver || !strings.Contains(d.Error, want) {
-				t.Fatalf("dead letter %+v: want the charge consumer's, open, after %d failed deliveries (%q)", d, maxDeliver, want)
-			}
-			if n := fail.calls.Load(); n != int64(maxDeliver) {
-				t.Fatalf("%d charges tried, want %d (one per failed delivery)", n, maxDeliver)
+			if d := dls[0]; d.Consumer != settle.ChargeConsumer || d.Status != "open" || int(d.Deliveries) != maxDeliver ||
+				!strings.Contains(d.Error, want) || !strings.Contains(d.Error, "recording fails") {
+				t.Fatalf("dead letter %+v: want the charge consumer's, open, after %d failed deliveries (%q: recording fails)", d, maxDeliver, want)
 			}
 			if all, err := settle.ListDeadLetters(context.Background(), r.db, true); err != nil || len(all) != 1 {
 				t.Fatalf("dead letters %+v (%v): want only the open one, none parked", all, err)
@@ -1141,10 +1138,10 @@ func TestTransientFailuresAreDeadLetteredAtMaxDeliver(t *testing.T) {
 				return info != nil && info.NumPending == 0 && info.NumAckPending == 0
 			})
 			s := w.Stats()
-			if s.ChargeDeadLettered != 1 || s.ChargeTransient != int64(maxDeliver) || s.RetryParked != int64(min(maxDeliver-1, 1)) {
-				t.Fatalf("stats %+v: want one dead letter after %d transient failures, parked after the first unless it was the last", s, maxDeliver)
+			if s.ChargeDeadLettered != 1 || s.ChargeTransient != 0 || s.RetryParked != int64(min(maxDeliver-1, 1)) {
+				t.Fatalf("stats %+v: want one dead letter after %d failed recordings and no provider failure, parked after the first unless it was the last", s, maxDeliver)
 			}
-			fail.failing.Store(false)
+			failRecording(t, r.db, false)
 			if err := w.RetryDeadLetter(context.Background(), dls[0].ID); err != nil {
 				t.Fatalf("retry the dead letter: %v", err)
 			}
@@ -1152,4 +1149,62 @@ func TestTransientFailuresAreDeadLetteredAtMaxDeliver(t *testing.T) {
 			r.assertOneCharge(t, id)
 		})
 	}
+}
+
+// failRecording makes every recording of a payment outcome in db fail with
+// an error that is not the provider's and no refusal (XX000), or stops it.
+func failRecording(t *testing.T, db *pgxpool.Pool, on bool) {
+	t.Helper()
+	ctx := context.Background()
+	if !on {
+		if _, err := db.Exec(ctx, `DROP TRIGGER fail_recording ON payment_inbox`); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if _, err := db.Exec(ctx, `
+CREATE FUNCTION fail_recording() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'recording fails' USING ERRCODE = 'XX000'; END $$;
+CREATE TRIGGER fail_recording BEFORE INSERT ON payment_inbox FOR EACH ROW EXECUTE FUNCTION fail_recording()`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A provider that gives no outcome for longer than MaxDeliver failures
+// (down: 5xx on every call) never gets the intent dead-lettered: it stays
+// parked, retried with its key on the backoff, the order payment_pending,
+// and settles on its own when the provider answers again, with one charge.
+// (Dead-lettered, every intent in flight during an outage of a couple of
+// minutes needed an operator's retry, and its order could be neither paid
+// again nor cancelled meanwhile.)
+func TestAProviderOutageLongerThanMaxDeliverDeadLettersNothing(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	fail := &failFor{Provider: r.provider, tenant: r.tenant}
+	fail.failing.Store(true)
+	r.provider = fail
+	const maxDeliver = 2
+	w, _ := r.start(t, settle.Config{MaxDeliver: maxDeliver, DeferDelay: 20 * time.Millisecond,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 30 * time.Millisecond})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	testenv.Eventually(t, 15*time.Second, "five times MaxDeliver failed calls", func() bool { return fail.calls.Load() >= 5*maxDeliver })
+	all, err := settle.ListDeadLetters(context.Background(), r.db, true)
+	if err != nil || len(all) != 1 || all[0].Status != "parked" || int(all[0].Deliveries) < maxDeliver {
+		t.Fatalf("dead letters %+v (%v): want the intent parked, past %d failures, not open", all, err, maxDeliver)
+	}
+	if s := w.Stats(); s.ChargeDeadLettered != 0 {
+		t.Fatalf("stats %+v: want nothing dead-lettered while the provider is down", s)
+	}
+	if s, _, _ := r.get(t, id); s != "payment_pending" {
+		t.Fatalf("order is %s while the provider is down, want payment_pending", s)
+	}
+	fail.failing.Store(false)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+	testenv.Eventually(t, 15*time.Second, "no dead letter left", func() bool {
+		all, err := settle.ListDeadLetters(context.Background(), r.db, true)
+		return err == nil && len(all) == 0
+	})
 }

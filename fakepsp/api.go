@@ -44,6 +44,9 @@ const MaxAmount = 99_999_999
 
 var (
 	currencyRE = regexp.MustCompile(`^[a-z]{3}$`)
+	// unsupportedCurrencies are ISO 4217 codes Stripe does not take (a
+	// few; Stripe's list of those it does is about 135 long).
+	unsupportedCurrencies = map[string]bool{"cup": true, "irr": true, "kpw": true, "syp": true}
 	metadataRE = regexp.MustCompile(`^metadata\[([^\[\]]{1,40})\]$`)
 	pmTypesRE  = regexp.MustCompile(`^payment_method_types\[\d+\]$`)
 )
@@ -115,6 +118,10 @@ func (s *Server) createPaymentIntent(ctx context.Context, tx pgx.Tx, key string,
 	currency := strings.ToLower(form.Get("currency"))
 	if !currencyRE.MatchString(currency) {
 		return invalidRequest(http.StatusBadRequest, "parameter_invalid_string", "currency", "Invalid currency: "+form.Get("currency")+". Use a three-letter ISO code."), false, nil
+	}
+	if unsupportedCurrencies[currency] {
+		// Stripe's answer to an ISO code it does not take: no code.
+		return invalidRequest(http.StatusBadRequest, "", "currency", "Invalid currency: "+currency+". Stripe currently does not support this currency."), false, nil
 	}
 	if form.Get("confirm") != "true" {
 		return invalidRequest(http.StatusBadRequest, "parameter_invalid", "confirm", "This fake creates PaymentIntents only with confirm=true."), false, nil

@@ -171,10 +171,25 @@ func (s *Stripe) Charge(ctx context.Context, r ChargeRequest) (Charge, error) {
 			return Charge{Amount: r.Amount, Currency: r.Currency, Status: ChargeDeclined,
 				DeclineCode: string(se.Code), DeclineReason: se.Msg}, nil
 		}
+		if errors.As(err, &se) && se.HTTPStatusCode == http.StatusBadRequest &&
+			se.Type == stripe.ErrorTypeInvalidRequest && se.Param == "currency" && se.Code == "" {
+			// A currency the provider does not take, or not for this
+			// account (Stripe's "Invalid currency", without a code; a
+			// malformed one has a code, and is a bug of ours): the order's
+			// currency is fixed, so no retry and no other method changes
+			// it. A decline the order can leave (cancel), where a dead
+			// letter would keep it payment_pending for good.
+			return Charge{Amount: r.Amount, Currency: r.Currency, Status: ChargeDeclined,
+				DeclineCode: CurrencyNotSupported, DeclineReason: se.Msg}, nil
+		}
 		return Charge{}, classify("create payment intent", err)
 	}
 	return chargeOf(pi, nil)
 }
+
+// CurrencyNotSupported is the decline code of a charge whose currency the
+// provider does not take.
+const CurrencyNotSupported = "currency_not_supported"
 
 // amountCodes are the error codes of a refused amount: declines.
 var amountCodes = map[stripe.ErrorCode]bool{
@@ -322,15 +337,22 @@ func minorUnits(currency string, units int64) (int64, error) {
 }
 
 // chargeOf maps a PaymentIntent (and the card error that declined it),
-// its amount in minor units.
+// its amount in minor units. One still processing is an ErrTransient
+// error: no outcome yet.
 func chargeOf(pi *stripe.PaymentIntent, declined *stripe.Error) (Charge, error) {
 	c := Charge{ID: pi.ID, Currency: strings.ToUpper(string(pi.Currency)), Status: ChargeSucceeded}
 	var err error
 	if c.Amount, err = minorUnits(c.Currency, pi.Amount); err != nil {
 		return Charge{}, fmt.Errorf("payment intent %s: %w", pi.ID, err)
 	}
-	if pi.Status == stripe.PaymentIntentStatusSucceeded {
+	switch pi.Status {
+	case stripe.PaymentIntentStatusSucceeded:
 		return c, nil
+	case stripe.PaymentIntentStatusProcessing:
+		// Not settled yet: it may still succeed, so it is no decline (a
+		// decline lets the customer pay again, and both could succeed).
+		// Looked up again by key later (FindCharge reads its live state).
+		return Charge{}, fmt.Errorf("%w: payment intent %s is still processing", ErrTransient, pi.ID)
 	}
 	c.Status = ChargeDeclined
 	e := declined

@@ -183,6 +183,47 @@ func TestUnknownPaymentMethodIsADecline(t *testing.T) {
 	require.Equal(t, payment.ChargeSucceeded, c.Status)
 }
 
+// A currency the provider does not take (Stripe's 400 on currency, without
+// a code) is a decline: the order's currency is fixed, and a dead letter
+// would leave it payment_pending for good.
+func TestAnUnsupportedCurrencyIsADecline(t *testing.T) {
+	t.Parallel()
+	srv, s := start(t, payment.Config{})
+	r := chargeReq("k")
+	r.Currency = "KPW"
+	c, err := s.Charge(context.Background(), r)
+	require.NoError(t, err)
+	require.Equal(t, payment.ChargeDeclined, c.Status)
+	require.Equal(t, payment.CurrencyNotSupported, c.DeclineCode)
+	require.Contains(t, c.DeclineReason, "Invalid currency: kpw")
+	require.Equal(t, int64(1250), c.Amount)
+	require.Equal(t, "KPW", c.Currency)
+	require.Empty(t, fakepsptest.Ledger(t, srv).Charges)
+}
+
+// A PaymentIntent still processing is no outcome: an ErrTransient error,
+// looked up again later, never a decline (which would let the customer pay
+// again while it may still succeed). Charge and FindCharge alike.
+func TestAChargeStillProcessingIsNoOutcomeYet(t *testing.T) {
+	t.Parallel()
+	const pi = `{"id":"pi_1","object":"payment_intent","amount":1250,"currency":"eur","status":"processing","metadata":{"idempotency_key":"k"}}`
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodGet { // the search
+			_, _ = io.WriteString(w, `{"object":"search_result","data":[`+pi+`],"has_more":false}`)
+			return
+		}
+		_, _ = io.WriteString(w, pi)
+	}))
+	defer hs.Close()
+	s := adapter(t, hs.URL, payment.Config{})
+	_, err := s.Charge(context.Background(), chargeReq("k"))
+	require.ErrorIs(t, err, payment.ErrTransient)
+	require.Contains(t, err.Error(), "processing")
+	_, _, err = s.FindCharge(context.Background(), "k")
+	require.ErrorIs(t, err, payment.ErrTransient)
+}
+
 // Any other refused request is ours to fix: permanent, dead-lettered;
 // a payment_method refused for how we sent it (not for what it is) too.
 func TestInvalidRequestIsPermanent(t *testing.T) {

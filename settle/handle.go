@@ -148,13 +148,14 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 			DeclineReason: fmt.Sprintf("the amount %d %s cannot be charged: %s", req.Amount, req.Currency, domain.ChargeableRule(req.Currency))}
 		found = true
 	} else if redelivered {
-		// The key makes the provider replay its charge for 24 h; a
-		// succeeded charge under it is taken as it is, even later.
+		// The key makes the provider replay its charge for 24 h; the
+		// charge found under it is taken as it is now, even later: a
+		// decline as well (a replay could be a stale answer, such as one
+		// first given while the charge was still processing).
 		ch, found, err = w.provider.FindCharge(ctx, req.PaymentKey)
 		if err != nil {
 			return w.providerResult(ChargeConsumer, fmt.Errorf("find charge %s: %w", req.PaymentKey, err))
 		}
-		found = found && ch.Status == payment.ChargeSucceeded
 	}
 	if !found {
 		cctx, span := tracing.StartChild(ctx, "charge", trace.WithSpanKind(trace.SpanKindClient))

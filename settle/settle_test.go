@@ -93,12 +93,18 @@ func (r *rig) start(t testing.TB, cfg settle.Config) (*settle.Worker, func()) {
 // order creates a pending order of 2 × 1250 EUR.
 func (r *rig) order(t testing.TB) uuid.UUID {
 	t.Helper()
+	return r.orderIn(t, "EUR")
+}
+
+// orderIn creates a pending order of 25.00 in currency.
+func (r *rig) orderIn(t testing.TB, currency string) uuid.UUID {
+	t.Helper()
 	var o domain.Order
 	err := postgres.InTx(context.Background(), r.db, func(tx pgx.Tx) error {
 		var err error
 		o, err = command.NewCreateOrderHandler().Handle(context.Background(), tx, command.CreateOrder{
 			TenantID: r.tenant, Key: uuid.NewString(),
-			NewOrder: domain.NewOrder{CustomerID: "c-1", Currency: "EUR", Lines: []domain.Line{{SKU: "sku-1", Quantity: 2, UnitPrice: 1250}}},
+			NewOrder: domain.NewOrder{CustomerID: "c-1", Currency: currency, Lines: []domain.Line{{SKU: "sku-1", Quantity: 2, UnitPrice: 1250}}},
 		})
 		return err
 	})
@@ -507,6 +513,37 @@ func TestUnknownPaymentMethodFailsThePaymentAndAnotherPays(t *testing.T) {
 	r.assertOneCharge(t, id)
 	if s := w.Stats(); s.ChargeDeadLettered != 0 || s.ChargesDeclined != 1 || s.ChargesSucceeded != 1 {
 		t.Fatalf("stats %+v, want one decline, one success, no dead letter", s)
+	}
+}
+
+// A currency the provider does not take fails the payment as a business
+// outcome (decline currency_not_supported) instead of a dead letter, which
+// left the order payment_pending for good: neither payable again nor
+// cancellable. The failed order can be cancelled.
+func TestACurrencyTheProviderRefusesFailsThePayment(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	w, _ := r.start(t, settle.Config{})
+	id := r.orderIn(t, "KPW")
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "payment_failed", 15*time.Second)
+	var code string
+	if err := r.db.QueryRow(context.Background(), `SELECT payment->>'decline_code' FROM orders WHERE id = $1`, id).Scan(&code); err != nil {
+		t.Fatal(err)
+	}
+	if code != payment.CurrencyNotSupported {
+		t.Fatalf("decline code %q, want %s", code, payment.CurrencyNotSupported)
+	}
+	if s := w.Stats(); s.ChargeDeadLettered != 0 || s.ChargesDeclined != 1 {
+		t.Fatalf("stats %+v, want one decline, no dead letter", s)
+	}
+	err := postgres.InTx(context.Background(), r.db, func(tx pgx.Tx) error {
+		_, err := command.NewCancelOrderHandler().Handle(context.Background(), tx, command.CancelOrder{TenantID: r.tenant, OrderID: id, Reason: "cannot pay"})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("cancel the order whose payment failed: %v", err)
 	}
 }
 

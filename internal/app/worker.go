@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
@@ -258,9 +259,10 @@ func ProviderReady(baseURL, key string) (health.Check, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("-provider-url %q: want an http(s) URL", baseURL)
 	}
-	check, auth := baseURL+"/healthz", false
+	base := strings.TrimSuffix(baseURL, "/") // as payment.NewStripe takes it
+	check, auth := base+"/healthz", false
 	if u.Hostname() == "api.stripe.com" {
-		check, auth = baseURL+"/v1/balance", true
+		check, auth = base+"/v1/balance", true
 	}
 	client := &http.Client{}
 	return func(ctx context.Context) error {

@@ -163,3 +163,23 @@ func TestWorkerWaitsOutAProviderOutage(t *testing.T) {
 		t.Fatalf("charges at the provider: %+v, want 1", l.Charges)
 	}
 }
+
+// The provider's readiness check takes the URL as the adapter does: with a
+// trailing slash too (it asked for //healthz, 404, and the worker stayed
+// unready for good while payments worked).
+func TestProviderReadyTakesATrailingSlash(t *testing.T) {
+	t.Parallel()
+	_, hs := fakepsptest.Start(t, fakepsptest.DatabaseURL(t), fakepsp.Config{})
+	for _, u := range []string{hs.URL, hs.URL + "/"} {
+		check, err := app.ProviderReady(u, fakepsptest.SecretKey)
+		if err != nil {
+			t.Fatalf("ProviderReady(%q): %v", u, err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = check(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("readiness of %q: %v", u, err)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"reflect"
 	"slices"
@@ -563,7 +564,15 @@ func (s *Idempotency) inTx(ctx context.Context, req KeyedRequest, fp, canonical 
 				continue // deleted by the janitor in between: claim it
 			}
 			if k.expired {
-				if _, err := tx.Exec(ctx, keyDeleteExpired, req.TenantID, req.Key); err != nil {
+				took, err := s.deleteExpired(ctx, tx, req, wait)
+				if waitedForKey(err) {
+					// Another retry of the expired key deleted it and runs:
+					// a duplicate in flight, waited for as long as a claim.
+					s.observeWait(took, true, outcome)
+					*outcome |= outcomeWaitTimeout
+					return ErrInFlight
+				}
+				if err != nil {
 					return fmt.Errorf("delete expired idempotency key: %w", err)
 				}
 				continue
@@ -737,6 +746,20 @@ func (s *Idempotency) claim(ctx context.Context, tx pgx.Tx, req KeyedRequest, fp
 	return claimed, expiresAt, time.Since(start), err
 }
 
+// deleteExpired deletes the key's row found expired, under the same wait
+// bound as a claim: a concurrent retry of the expired key may have deleted
+// it and claimed it anew, and its whole execution holds the row (without
+// the bound, this request waited for all of it, past its own bound).
+func (s *Idempotency) deleteExpired(ctx context.Context, tx pgx.Tx, req KeyedRequest, wait time.Duration) (took time.Duration, err error) {
+	b := &pgx.Batch{}
+	b.Queue(KeyLockTimeout, lockTimeout(wait))
+	b.Queue(keyDeleteExpired, req.TenantID, req.Key)
+	b.Queue(KeyLockTimeoutReset)
+	start := time.Now()
+	err = tx.SendBatch(ctx, b).Close()
+	return time.Since(start), err
+}
+
 // queryRower is a transaction, or the pool for a statement of its own.
 type queryRower interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -813,8 +836,12 @@ const minKeyWait = 50 * time.Millisecond
 // lockTimeout renders a wait bound for lock_timeout (where 0 would mean
 // "wait forever").
 func lockTimeout(wait time.Duration) string {
-	return fmt.Sprintf("%dms", max(wait, minKeyWait).Milliseconds())
+	return fmt.Sprintf("%dms", min(max(wait, minKeyWait), MaxKeyWait).Milliseconds())
 }
+
+// MaxKeyWait is the longest wait bound lock_timeout can take (2^31-1 ms,
+// about 24 days); a longer one is this.
+const MaxKeyWait = math.MaxInt32 * time.Millisecond
 
 // claimStallAttempts is how many times Do claims a key whose claim timed
 // out on a lock other than the key's before it answers ErrInFlight: twice,

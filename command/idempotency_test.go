@@ -397,3 +397,63 @@ func TestConcurrentDuplicatesOfAKeyReplayAndNeverFail(t *testing.T) {
 		t.Errorf("%d× %s", n, e)
 	}
 }
+
+// A retry of an expired key whose row another retry has deleted (and runs
+// under, holding it) waits no longer than its bound: 409, as for any
+// duplicate in flight. Its delete of the expired row used to wait, with no
+// lock_timeout, for the other's whole execution.
+func TestARetryOfAnExpiredKeyWaitsOnlyItsBound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Second})
+	ok := func(context.Context, pgx.Tx) (command.Response, error) {
+		return command.Response{Status: 200, Body: []byte("ok")}, nil
+	}
+	req := command.KeyedRequest{TenantID: "t1", Scope: "POST /x", Key: "k1", Command: map[string]int{"a": 1}}
+	if _, err := idem.Do(ctx, req, time.Second, ok); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE key = 'k1'`); err != nil {
+		t.Fatal(err)
+	}
+	// The other retry holds the expired row, as its delete does once this
+	// retry's claim has found the row there (a lock alone lets the claim
+	// pass, as the other's delete did when it came after the claim).
+	other, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx) //nolint:errcheck
+	if tag, err := other.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE key = 'k1' FOR UPDATE`); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("lock the expired key: %v (%d rows)", err, tag.RowsAffected())
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := idem.Do(ctx, req, 100*time.Millisecond, ok)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, command.ErrInFlight) {
+			t.Fatalf("retry while another retry holds the expired key: %v, want ErrInFlight", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retry still waits for the other retry, 10 s past its 100ms bound")
+	}
+}
+
+// A wait bound past what lock_timeout takes (2^31-1 ms) is clamped to it,
+// not sent as is (PostgreSQL refused it, and every claim failed).
+func TestAWaitBoundPastLockTimeoutsRangeIsClamped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	idem := newIdem(t, testenv.DB(t), command.IdempotencyConfig{TTL: time.Hour})
+	req := command.KeyedRequest{TenantID: "t1", Scope: "POST /x", Key: "k1", Command: map[string]int{"a": 1}}
+	res, err := idem.Do(ctx, req, 700*time.Hour, func(context.Context, pgx.Tx) (command.Response, error) {
+		return command.Response{Status: 200, Body: []byte("ok")}, nil
+	})
+	if err != nil || res.Status != 200 {
+		t.Fatalf("Do with a 700h wait bound: %+v, %v", res, err)
+	}
+}

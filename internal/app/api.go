@@ -27,6 +27,15 @@ import (
 	"github.com/acme/orders/tracing"
 )
 
+// MaxIdempotencyWait is the longest -idempotency-wait: a request waits at
+// most three of them for a key (command.Idempotency), and its answer must
+// still fit the server's write timeout.
+const MaxIdempotencyWait = serverWriteTimeout / 4
+
+// serverWriteTimeout bounds the time from a request's headers to the end
+// of its response.
+const serverWriteTimeout = 60 * time.Second
+
 const apiUsage = `usage:
   api [flags]                                  serve the REST API (and the outbox relay)
   api migrate [flags]                          apply the schema migrations and exit
@@ -154,8 +163,13 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		switch {
 		case c.keyTTL < time.Second:
 			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
-		case c.keyWait < 0:
-			return c, fmt.Errorf("-idempotency-wait must not be negative, got %s", c.keyWait)
+		case c.janitorEvery <= 0:
+			// No janitor: expired keys would count against their tenants'
+			// key quotas for good.
+			return c, fmt.Errorf("-idempotency-janitor-interval must be positive, got %s", c.janitorEvery)
+		case c.keyWait < 0 || c.keyWait > MaxIdempotencyWait:
+			return c, fmt.Errorf("-idempotency-wait must be 0 to %s (a request may wait three times as long, within the server's %s write timeout), got %s",
+				MaxIdempotencyWait, serverWriteTimeout, c.keyWait)
 		case c.replicas < 1 || c.replicas > stream.MaxReplicas:
 			return c, fmt.Errorf("-stream-replicas must be 1 to %d, got %d", stream.MaxReplicas, c.replicas)
 		case c.poolSize < 4:

@@ -580,3 +580,27 @@ func TestCreateGroupSlotsFitThePool(t *testing.T) {
 		t.Errorf("DB_POOL_SIZE=4 with the default group slots: %v", err)
 	}
 }
+
+// The api refuses a key wait lock_timeout cannot take or the server's
+// write timeout cannot answer within (700h made every claim but a
+// create's fail with 500), and a janitor interval that would switch the
+// janitor off (expired keys counted against the quota for good).
+func TestAPIRefusesKeyWaitsAndJanitorIntervalsItCannotKeep(t *testing.T) {
+	env := func(vars map[string]string) *Env { return NewEnv(func(k string) string { return vars[k] }) }
+	for _, tt := range []struct{ name, value, flag string }{
+		{"IDEMPOTENCY_WAIT", "700h", "-idempotency-wait"},
+		{"IDEMPOTENCY_WAIT", "16s", "-idempotency-wait"},
+		{"IDEMPOTENCY_WAIT", "-1s", "-idempotency-wait"},
+		{"IDEMPOTENCY_JANITOR_INTERVAL", "0s", "-idempotency-janitor-interval"},
+		{"IDEMPOTENCY_JANITOR_INTERVAL", "-1m", "-idempotency-janitor-interval"},
+	} {
+		if _, err := parseAPIConfig("", nil, env(map[string]string{tt.name: tt.value})); err == nil || !strings.Contains(err.Error(), tt.flag) {
+			t.Errorf("%s=%s: err %v, want one naming %s", tt.name, tt.value, err, tt.flag)
+		}
+	}
+	for _, v := range []string{"0s", "15s"} {
+		if _, err := parseAPIConfig("", nil, env(map[string]string{"IDEMPOTENCY_WAIT": v})); err != nil {
+			t.Errorf("IDEMPOTENCY_WAIT=%s: %v", v, err)
+		}
+	}
+}

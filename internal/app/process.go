@@ -252,7 +252,7 @@ func ServeConns(ctx context.Context, addr string, h http.Handler, logger *slog.L
 		Handler:           h,
 		ReadHeaderTimeout: 2 * time.Second, // headers come at once; a trickle holds a goroutine this long at most (and a connection slot until connLimit needs it: silentAfter)
 		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      60 * time.Second,
+		WriteTimeout:      serverWriteTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),

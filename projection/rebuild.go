@@ -18,9 +18,11 @@ import (
 
 // RebuildStats says what a rebuild did.
 type RebuildStats struct {
-	Events   int           // events applied to the new tables
-	LeftOut  int           // events left out: they cannot be applied (logged)
-	Duration time.Duration // from start to swap
+	Events  int // events applied to the new tables
+	LeftOut int // events left out: they cannot be applied (logged)
+	// FirstLeftOut names the first ten of them, in seq order: "seq N: why".
+	FirstLeftOut []string
+	Duration     time.Duration // from start to swap
 }
 
 // bookkeeping are the runner's own tables, rebuilt along with the
@@ -258,6 +260,7 @@ ON CONFLICT (projection, aggregate_id) DO UPDATE SET version = GREATEST(projecti
 		for i, seq := range first {
 			why[i] = fmt.Sprintf("seq %d: %s", seq, skipped[seq].reason)
 		}
+		stats.FirstLeftOut = why
 		r.logger.WarnContext(ctx, "rebuild left out events it could not apply", "projection", name, "left_out", stats.LeftOut, "first", why)
 	}
 	r.logger.InfoContext(ctx, "projection rebuilt", "events", stats.Events, "left_out", stats.LeftOut, "duration", stats.Duration)

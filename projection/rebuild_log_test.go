@@ -1,9 +1,12 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -141,6 +144,12 @@ func TestARebuildLeavesOutAnEventItCannotApply(t *testing.T) {
 	if st.LeftOut != len(poisoned) || st.Events != rebuildBatch+10+1 {
 		t.Errorf("rebuild stats %+v, want %d events and %d skipped (the poison event and its order's later ones)", st, rebuildBatch+11, len(poisoned))
 	}
+	// What the CLI prints: each left out, in seq order, with its reason
+	// (they were only logged, and the CLI's logger discards).
+	if len(st.FirstLeftOut) != min(len(poisoned), 10) || !strings.HasPrefix(st.FirstLeftOut[0], "seq ") ||
+		!slices.IsSortedFunc(st.FirstLeftOut, func(a, b string) int { return cmp.Compare(seqOf(a), seqOf(b)) }) {
+		t.Errorf("first left out %q: want %d, each \"seq N: why\", in seq order", st.FirstLeftOut, min(len(poisoned), 10))
+	}
 	if v, _ := f.view(t, good.AggregateID); v != 1 {
 		t.Errorf("the good order's view is at version %d, want 1", v)
 	}
@@ -270,4 +279,10 @@ VALUES ($1, $2, $3, $4, $5, 1, 'orders.order.created', $6, 'test', 1, 'discarded
 	if err := <-done; !errors.Is(err, ErrRebuildWouldLose) {
 		t.Fatalf("rebuild: %v; want ErrRebuildWouldLose (an event it applied was discarded meanwhile)", err)
 	}
+}
+
+// seqOf is N of "seq N: why".
+func seqOf(s string) int64 {
+	n, _ := strconv.ParseInt(strings.TrimPrefix(strings.SplitN(s, ":", 2)[0], "seq "), 10, 64)
+	return n
 }

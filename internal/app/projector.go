@@ -214,7 +214,10 @@ func runProjector(ctx context.Context, args []string, getenv func(string) string
 		}
 		fmt.Fprintf(stdout, "rebuilt %s from %d events in %s\n", r.Name(), stats.Events, stats.Duration.Round(time.Millisecond))
 		if stats.LeftOut > 0 {
-			fmt.Fprintf(stdout, "left out %d events it cannot apply (logged at WARN with their seq and reason; the live projector dead-letters such events)\n", stats.LeftOut)
+			fmt.Fprintf(stdout, "left out %d events it cannot apply (the live projector dead-letters such events); the first, by seq:\n", stats.LeftOut)
+			for _, why := range stats.FirstLeftOut {
+				fmt.Fprintf(stdout, "  %s\n", why)
+			}
 		}
 		return nil
 	case "dead-letters list":

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/postgres"
@@ -68,6 +69,11 @@ ORDER BY id`, Consumers, all)
 // charge or refund made before) and the recording, then marks it retried.
 // If it still fails, the dead letter stays open and the error says why.
 func (w *Worker) RetryDeadLetter(ctx context.Context, id int64) error {
+	unlock, err := w.lockDeadLetter(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	consumer, data, err := w.openDeadLetter(ctx, id)
 	if err != nil {
 		return err
@@ -81,10 +87,64 @@ func (w *Worker) RetryDeadLetter(ctx context.Context, id int64) error {
 // DiscardDeadLetter marks the open dead letter id discarded: its intent is
 // never settled by the worker (settle it by hand at the provider if need be).
 func (w *Worker) DiscardDeadLetter(ctx context.Context, id int64) error {
+	unlock, err := w.lockDeadLetter(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if _, _, err := w.openDeadLetter(ctx, id); err != nil {
 		return err
 	}
 	return w.resolve(ctx, id, "discarded")
+}
+
+// ErrDeadLetterBusy is returned by RetryDeadLetter and DiscardDeadLetter
+// while another retry or discard of the same dead letter runs.
+var ErrDeadLetterBusy = errors.New("another retry or discard of this dead letter is running")
+
+// deadLetterLockClass is the first key of the session advisory lock a
+// retry or discard holds on its dead letter (the second: the id, modulo
+// 2^31; two ids that share it only refuse each other for a moment).
+const deadLetterLockClass = 0x0d1e7e7
+
+// lockDeadLetter holds dead letter id against every other retry or
+// discard of it, in any process, until unlock. Without it a discard could
+// mark discarded a dead letter whose retry was charging meanwhile: the
+// charge recorded, the dead letter saying it never would be (and the
+// operator told to settle it by hand at the provider, a second charge). A
+// session lock on a connection of its own, so that no transaction stays
+// open across the provider call; a crashed command's lock ends with its
+// session. A db that hands out no connection (not a pool) is not locked.
+func (w *Worker) lockDeadLetter(ctx context.Context, id int64) (unlock func(), err error) {
+	pool, ok := w.db.(interface {
+		Acquire(context.Context) (*pgxpool.Conn, error)
+	})
+	if !ok {
+		return func() {}, nil
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dead letter %d: %w", id, err)
+	}
+	key := int32(id % (1 << 31))
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, int32(deadLetterLockClass), key).Scan(&got); err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("dead letter %d: take its lock: %w", id, err)
+	}
+	if !got {
+		conn.Release()
+		return nil, fmt.Errorf("dead letter %d: %w", id, ErrDeadLetterBusy)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		var released bool
+		if err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1, $2)`, int32(deadLetterLockClass), key).Scan(&released); err != nil || !released {
+			_ = conn.Conn().Close(ctx) // ends the session, and its lock
+		}
+		conn.Release()
+	}, nil
 }
 
 func (w *Worker) openDeadLetter(ctx context.Context, id int64) (consumer string, data []byte, err error) {

@@ -1245,3 +1245,63 @@ func TestAProviderOutageLongerThanMaxDeliverDeadLettersNothing(t *testing.T) {
 		return err == nil && len(all) == 0
 	})
 }
+
+// gated refuses charges permanently until opened; then its next charge
+// waits for release before it goes to the provider.
+type gated struct {
+	settle.Provider
+	open     atomic.Bool
+	charging chan struct{} // closed when a charge waits for release
+	release  chan struct{}
+	once     sync.Once
+}
+
+func (g *gated) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
+	if !g.open.Load() {
+		return payment.Charge{}, fmt.Errorf("%w: 401 refused", payment.ErrPermanent)
+	}
+	g.once.Do(func() { close(g.charging) })
+	<-g.release
+	return g.Provider.Charge(ctx, r)
+}
+
+// One resolution of a payment dead letter wins: a discard while its retry
+// is charging is refused (it used to mark discarded the dead letter whose
+// retry then charged and recorded the charge, telling the operator to
+// settle by hand what was settled), and after the retry the dead letter is
+// retried, its order paid with one charge, and a discard finds nothing.
+func TestADiscardWhileTheRetryChargesIsRefused(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	g := &gated{Provider: r.provider, charging: make(chan struct{}), release: make(chan struct{})}
+	r.provider = g
+	w, _ := r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	dl := r.waitDeadLetters(t, 15*time.Second, "a dead letter")[0]
+
+	g.open.Store(true)
+	retried := make(chan error, 1)
+	go func() { retried <- w.RetryDeadLetter(context.Background(), dl.ID) }()
+	<-g.charging
+	if err := w.DiscardDeadLetter(context.Background(), dl.ID); !errors.Is(err, settle.ErrDeadLetterBusy) {
+		t.Fatalf("discard while the retry charges: %v, want ErrDeadLetterBusy", err)
+	}
+	if err := w.RetryDeadLetter(context.Background(), dl.ID); !errors.Is(err, settle.ErrDeadLetterBusy) {
+		t.Fatalf("a second retry while the first charges: %v, want ErrDeadLetterBusy", err)
+	}
+	close(g.release)
+	if err := <-retried; err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+	if err := w.DiscardDeadLetter(context.Background(), dl.ID); !errors.Is(err, settle.ErrNoDeadLetter) {
+		t.Fatalf("discard after the retry: %v, want ErrNoDeadLetter", err)
+	}
+	all, err := settle.ListDeadLetters(context.Background(), r.db, true)
+	if err != nil || len(all) != 1 || all[0].Status != "retried" {
+		t.Fatalf("dead letters %+v (%v), want the one retried", all, err)
+	}
+}

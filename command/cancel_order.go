@@ -16,6 +16,9 @@ type CancelOrder struct {
 	TenantID string    `json:"-"`
 	OrderID  uuid.UUID `json:"order_id"`
 	Reason   string    `json:"reason"`
+	// ExpectedVersion, if not 0, is the version the change was made on
+	// (If-Match): another is refused (KindPreconditionFailed).
+	ExpectedVersion int64 `json:"expected_version,omitempty"`
 }
 
 // Validate checks the command's own fields before any database work.
@@ -45,6 +48,9 @@ func (h CancelOrderHandler) Run(ctx context.Context, idem *Idempotency, req Orde
 
 func (h CancelOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd CancelOrder) (domain.Order, bool, error) {
 	return changeOrderMany(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) ([]domain.Event, error) {
+		if err := checkExpected(o, cmd.ExpectedVersion); err != nil {
+			return nil, err
+		}
 		return o.Cancel(cmd.Reason, h.now())
 	})
 }

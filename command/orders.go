@@ -166,6 +166,15 @@ func changeOrder(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, 
 	return changeOrderMany(ctx, tx, tenantID, id, oneEvent(change))
 }
 
+// checkExpected refuses a change to o made on another version than
+// expected (If-Match); 0 expects none.
+func checkExpected(o *domain.Order, expected int64) error {
+	if expected == 0 {
+		return nil
+	}
+	return o.CheckVersion(expected)
+}
+
 // oneEvent turns a step raising at most one event into one raising many.
 func oneEvent(change func(*domain.Order) (domain.Event, error)) func(*domain.Order) ([]domain.Event, error) {
 	return func(o *domain.Order) ([]domain.Event, error) {

@@ -19,6 +19,9 @@ type PayOrder struct {
 	TenantID      string    `json:"-"`
 	OrderID       uuid.UUID `json:"order_id"`
 	PaymentMethod string    `json:"payment_method"`
+	// ExpectedVersion, if not 0, is the version the change was made on
+	// (If-Match): another is refused (KindPreconditionFailed).
+	ExpectedVersion int64 `json:"expected_version,omitempty"`
 }
 
 // Validate checks the command's own fields before any database work.
@@ -49,6 +52,9 @@ func (h PayOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderRe
 
 func (h PayOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd PayOrder) (domain.Order, bool, error) {
 	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
+		if err := checkExpected(o, cmd.ExpectedVersion); err != nil {
+			return nil, err
+		}
 		return o.Pay(cmd.PaymentMethod, h.now())
 	})
 }

@@ -14,6 +14,9 @@ import (
 type ShipOrder struct {
 	TenantID string    `json:"-"`
 	OrderID  uuid.UUID `json:"order_id"`
+	// ExpectedVersion, if not 0, is the version the change was made on
+	// (If-Match): another is refused (KindPreconditionFailed).
+	ExpectedVersion int64 `json:"expected_version,omitempty"`
 }
 
 // ShipOrderHandler handles ShipOrder.
@@ -39,6 +42,9 @@ func (h ShipOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderR
 
 func (h ShipOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd ShipOrder) (domain.Order, bool, error) {
 	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
+		if err := checkExpected(o, cmd.ExpectedVersion); err != nil {
+			return nil, err
+		}
 		return o.Ship(h.now())
 	})
 }

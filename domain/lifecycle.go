@@ -202,6 +202,19 @@ func (p Patch) Validate() error {
 	return fe.err("the change is invalid")
 }
 
+// CheckVersion refuses a change made on another version of the order than
+// its current one (If-Match): a KindPreconditionFailed *Error.
+func (o *Order) CheckVersion(expectedVersion int64) error {
+	if o.Version == expectedVersion {
+		return nil
+	}
+	return &Error{
+		Kind:    KindPreconditionFailed,
+		Message: fmt.Sprintf("the order is at version %d, not %d: read it again and reapply the change", o.Version, expectedVersion),
+		State:   string(o.Status),
+	}
+}
+
 // Update applies p to an order that is not yet shipped or cancelled whose version is
 // expectedVersion. It returns a KindPreconditionFailed error when the order
 // has another version, a KindConflict error when it is shipped or cancelled,
@@ -210,12 +223,8 @@ func (o *Order) Update(p Patch, expectedVersion int64, now time.Time) (Event, er
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	if o.Version != expectedVersion {
-		return nil, &Error{
-			Kind:    KindPreconditionFailed,
-			Message: fmt.Sprintf("the order is at version %d, not %d: read it again and reapply the change", o.Version, expectedVersion),
-			State:   string(o.Status),
-		}
+	if err := o.CheckVersion(expectedVersion); err != nil {
+		return nil, err
 	}
 	if o.Status == StatusShipped || o.Status == StatusCancelled {
 		return nil, o.refuse("change")

@@ -205,6 +205,9 @@ func (s *Server) payOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, s.Logger, problemFor(err), err)
 		return
 	}
+	if cmd.ExpectedVersion, ok = s.optionalIfMatch(w, r); !ok {
+		return
+	}
 	runOrderCommandFunc(s, w, r, key, scopePayOrder, cmd, s.PayOrder, func(out command.Outcome) int {
 		if out.Changed {
 			return http.StatusAccepted
@@ -219,7 +222,11 @@ func (s *Server) shipOrder(w http.ResponseWriter, r *http.Request) {
 	if !ok || !s.decodeOptional(w, r, &struct{}{}) {
 		return
 	}
-	runOrderCommand(s, w, r, key, scopeShipOrder, command.ShipOrder{TenantID: tenantOf(r), OrderID: id}, s.ShipOrder, http.StatusOK)
+	cmd := command.ShipOrder{TenantID: tenantOf(r), OrderID: id}
+	if cmd.ExpectedVersion, ok = s.optionalIfMatch(w, r); !ok {
+		return
+	}
+	runOrderCommand(s, w, r, key, scopeShipOrder, cmd, s.ShipOrder, http.StatusOK)
 }
 
 // cancelOrder handles POST /v1/orders/{id}/cancel with {"reason": "…"}.
@@ -238,6 +245,9 @@ func (s *Server) cancelOrder(w http.ResponseWriter, r *http.Request) {
 	cmd := command.CancelOrder{TenantID: tenantOf(r), OrderID: id, Reason: req.Reason}
 	if err := cmd.Validate(); err != nil {
 		writeProblem(w, r, s.Logger, problemFor(err), err)
+		return
+	}
+	if cmd.ExpectedVersion, ok = s.optionalIfMatch(w, r); !ok {
 		return
 	}
 	runOrderCommand(s, w, r, key, scopeCancelOrder, cmd, s.CancelOrder, http.StatusOK)
@@ -294,6 +304,24 @@ func (s *Server) updateOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	runOrderCommand(s, w, r, key, scopeUpdateOrder, cmd, s.UpdateOrder, http.StatusOK)
+}
+
+// optionalIfMatch reads the If-Match of a change that does not require one
+// (pay, ship, cancel): 0 without one (or an empty one), or with "*" (the
+// order exists, or the change answers 404 anyway); else as ifMatchVersion, whose problem it
+// answers itself (reporting false). The change is then made only on that
+// version: another is 412, as for PATCH (RFC 9110, 13.1.1: a server that
+// gets If-Match must not perform the method when it fails).
+func (s *Server) optionalIfMatch(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	if all := strings.TrimSpace(strings.Join(r.Header.Values("If-Match"), "")); all == "" || all == "*" {
+		return 0, true
+	}
+	v, p := ifMatchVersion(r)
+	if p != nil {
+		writeProblem(w, r, s.Logger, p, nil)
+		return 0, false
+	}
+	return v, true
 }
 
 // ifMatchVersion reads If-Match: "<version>" (a strong ETag of an order).

@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/acme/orders/auth"
@@ -453,5 +455,68 @@ func TestGetOrderIfNoneMatch(t *testing.T) {
 		if res.StatusCode != tt.status {
 			t.Fatalf("If-None-Match %q: status %d, want %d", tt.lines, res.StatusCode, tt.status)
 		}
+	}
+}
+
+// If-Match is optional on pay, ship and cancel, and kept when sent: the
+// change is made only on that version, 412 on another, nothing written (it
+// was ignored, and a cancel meant for version 1 cancelled a changed order).
+// "*" or none: any version. A retry under the same key with another
+// If-Match is refused naming it.
+func TestPayShipCancelKeepTheirIfMatch(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	created := func() string {
+		res := a.post(t, uuid.NewString(), validBody)
+		if res.status != http.StatusCreated {
+			t.Fatalf("create: %d %s", res.status, res.body)
+		}
+		var o struct{ ID string }
+		if err := json.Unmarshal(res.body, &o); err != nil {
+			t.Fatal(err)
+		}
+		return o.ID
+	}
+	version := func(id string) (v int64, status string) {
+		if err := a.db.QueryRow(context.Background(), `SELECT version, status FROM orders WHERE id = $1`, id).Scan(&v, &status); err != nil {
+			t.Fatal(err)
+		}
+		return v, status
+	}
+	call := func(id, verb, key, ifMatch, body string) response {
+		h := map[string]string{"Idempotency-Key": key}
+		if ifMatch != "" {
+			h["If-Match"] = ifMatch
+		}
+		return a.do(t, http.MethodPost, "/v1/orders/"+id+"/"+verb, h, body)
+	}
+	id := created()
+	if res := a.do(t, http.MethodPatch, "/v1/orders/"+id, map[string]string{"Idempotency-Key": uuid.NewString(), "If-Match": `"1"`}, `{"note":"changed"}`); res.status != http.StatusOK {
+		t.Fatalf("patch: %d %s", res.status, res.body)
+	}
+	for _, tt := range []struct{ verb, body string }{{"cancel", `{"reason":"only if unchanged"}`}, {"pay", ""}, {"ship", ""}} {
+		res := call(id, tt.verb, uuid.NewString(), `"1"`, tt.body)
+		if res.status != http.StatusPreconditionFailed || decodeProblem(t, res).Type != "https://orders.acme.example/problems/precondition-failed" {
+			t.Fatalf("%s with a stale If-Match: %d %s, want 412 precondition-failed", tt.verb, res.status, res.body)
+		}
+		if v, status := version(id); v != 2 || status != "pending" {
+			t.Fatalf("after a refused %s: version %d %s, want 2 pending", tt.verb, v, status)
+		}
+	}
+	payKey := uuid.NewString()
+	if res := call(id, "pay", payKey, `"2"`, ""); res.status != http.StatusAccepted {
+		t.Fatalf("pay with the current If-Match: %d %s, want 202", res.status, res.body)
+	}
+	res := call(id, "pay", payKey, `"1"`, "")
+	if p := decodeProblem(t, res); res.status != http.StatusUnprocessableEntity || !slices.Equal(p.MismatchedFields, []string{"If-Match"}) {
+		t.Fatalf("the pay's key with another If-Match: %d %s, want 422 naming If-Match", res.status, res.body)
+	}
+
+	other := created()
+	if res := call(other, "cancel", uuid.NewString(), `*`, `{"reason":"any version"}`); res.status != http.StatusOK {
+		t.Fatalf("cancel with If-Match *: %d %s, want 200", res.status, res.body)
+	}
+	if _, status := version(other); status != "cancelled" {
+		t.Fatalf("order %s after the cancel, want cancelled", status)
 	}
 }

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -27,9 +28,15 @@ type keyResponseJSON struct {
 
 // getIdempotencyKey handles GET /v1/idempotency-keys/{key}: for
 // reconciliation, what the caller's tenant has stored under key, in every
-// scope it was used in. Percent-encode the key in the path.
+// scope it was used in. Percent-encode the key in the path. A key in its
+// quoted (sf-string) form is unquoted, as the header's is: "abc" finds abc.
 func (s *Server) getIdempotencyKey(w http.ResponseWriter, r *http.Request) {
 	key, ok := pathParam(r, "key")
+	if ok && strings.HasPrefix(key, `"`) {
+		if unq, valid := parseSFString(key); valid {
+			key = unq
+		} // else a key that begins with a quote (sent escaped), as it is
+	}
 	if !ok || key == "" || len(key) > maxKeyLen || !printableASCII(key) {
 		writeProblem(w, r, s.Logger, problem(http.StatusBadRequest, "invalid-idempotency-key", "Invalid Idempotency-Key",
 			"The key in the path must be 1 to 255 printable ASCII characters, percent-encoded."), nil)

@@ -152,6 +152,20 @@ func TestKeyLookup(t *testing.T) {
 			t.Fatalf("lookup of %q: %d %s", odd, res.status, res.body)
 		}
 	}
+	// The quoted form of a key finds it, as the header's does ("abc" is
+	// abc); a key that itself begins with a quote is found as it is.
+	for path, key := range map[string]string{`"look/up key"`: key, `"look/up key";p=1`: key} {
+		res := a.do(t, http.MethodGet, "/v1/idempotency-keys/"+url.PathEscape(path), nil, "")
+		if res.status != http.StatusOK || !strings.Contains(string(res.body), `"key":`+strconv.Quote(key)) {
+			t.Fatalf("lookup of %s: %d %s, want the record of %q", path, res.status, res.body, key)
+		}
+	}
+	if res := a.post(t, `"\"q"`, validBody); res.status != http.StatusCreated { // the key "q
+		t.Fatalf("create with key \"q: %d %s", res.status, res.body)
+	}
+	if res := a.do(t, http.MethodGet, "/v1/idempotency-keys/"+url.PathEscape(`"q`), nil, ""); res.status != http.StatusOK {
+		t.Fatalf("lookup of the key \"q: %d %s", res.status, res.body)
+	}
 	if res := a.do(t, http.MethodGet, "/v1/idempotency-keys/never-used", nil, ""); res.status != http.StatusNotFound {
 		t.Fatalf("unknown key: %d", res.status)
 	}

@@ -47,8 +47,8 @@ var (
 	// unsupportedCurrencies are ISO 4217 codes Stripe does not take (a
 	// few; Stripe's list of those it does is about 135 long).
 	unsupportedCurrencies = map[string]bool{"cup": true, "irr": true, "kpw": true, "syp": true}
-	metadataRE = regexp.MustCompile(`^metadata\[([^\[\]]{1,40})\]$`)
-	pmTypesRE  = regexp.MustCompile(`^payment_method_types\[\d+\]$`)
+	metadataRE            = regexp.MustCompile(`^metadata\[([^\[\]]{1,40})\]$`)
+	pmTypesRE             = regexp.MustCompile(`^payment_method_types\[\d+\]$`)
 )
 
 // parseCommon checks the names of a form against allowed and reads

@@ -27,7 +27,11 @@ import (
 // from. It is stored with every key; a key is only compared with a request
 // fingerprinted the same way, so changing the canonical form (and bumping this)
 // never turns an honest retry of an old key into a mismatch.
-const FingerprintVersion = 1
+//
+// Version 2: pay, ship and cancel carry expected_version (If-Match) when the
+// client sends one; version 1 ignored their If-Match, so a key it stored
+// lacks the field, and its request ran on whatever version (see replay).
+const FingerprintVersion = 2
 
 // KeyedRequest is one execution of an unsafe request under an Idempotency-Key.
 type KeyedRequest struct {
@@ -565,9 +569,13 @@ func (s *Idempotency) inTx(ctx context.Context, req KeyedRequest, fp, canonical 
 			}
 			if k.expired {
 				took, err := s.deleteExpired(ctx, tx, req, wait)
-				if waitedForKey(err) {
+				if postgres.HasCode(err, postgres.CodeLockNotAvailable) {
 					// Another retry of the expired key deleted it and runs:
 					// a duplicate in flight, waited for as long as a claim.
+					// (Any lock it timed out on is the key row's, the one
+					// row it touches; a third waiter's queue on the row's
+					// tuple lock names no relation, so waitedForKey would
+					// miss it.)
 					s.observeWait(took, true, outcome)
 					*outcome |= outcomeWaitTimeout
 					return ErrInFlight
@@ -618,14 +626,23 @@ func (s *Idempotency) replay(k storedKey, req KeyedRequest, fp, canonical []byte
 		return &MismatchError{FirstUsedFor: k.scope}
 	}
 	same := bytes.Equal(k.fingerprint, fp)
+	var differ []string
+	if !same || k.fingerprintVersion != FingerprintVersion {
+		differ = differingFields(k.request, canonical)
+	}
 	if k.fingerprintVersion != FingerprintVersion {
 		// Written by a release with another canonical form: the stored
 		// fingerprint cannot be compared, the stored request can.
-		same = len(differingFields(k.request, canonical)) == 0
+		if k.fingerprintVersion < 2 && !hasField(k.request, "expected_version") {
+			// Its If-Match was ignored, and the request ran on any
+			// version: the same request, whatever If-Match says now.
+			differ = slices.DeleteFunc(differ, func(f string) bool { return f == "expected_version" })
+		}
+		same = len(differ) == 0
 	}
 	if !same {
 		*outcome |= outcomeMismatch
-		return &MismatchError{Fields: differingFields(k.request, canonical)}
+		return &MismatchError{Fields: differ}
 	}
 	*res = Result{
 		Response:  Response{Status: k.status, Header: k.header, Body: k.body},
@@ -911,6 +928,12 @@ func differingFields(stored, current []byte) []string {
 	}
 	slices.Sort(fields)
 	return fields
+}
+
+// hasField says whether canonical JSON doc has the top-level field name.
+func hasField(doc []byte, name string) bool {
+	_, ok := topLevel(doc)[name]
+	return ok
 }
 
 func topLevel(doc []byte) map[string]any {

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -428,18 +430,25 @@ func TestARetryOfAnExpiredKeyWaitsOnlyItsBound(t *testing.T) {
 	if tag, err := other.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE key = 'k1' FOR UPDATE`); err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("lock the expired key: %v (%d rows)", err, tag.RowsAffected())
 	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := idem.Do(ctx, req, 100*time.Millisecond, ok)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if !errors.Is(err, command.ErrInFlight) {
-			t.Fatalf("retry while another retry holds the expired key: %v, want ErrInFlight", err)
+	// Three retries at once: the second and third queue behind the first
+	// on the row (a wait that names no relation).
+	const retries = 3
+	done := make(chan error, retries)
+	for range retries {
+		go func() {
+			_, err := idem.Do(ctx, req, 100*time.Millisecond, ok)
+			done <- err
+		}()
+	}
+	for range retries {
+		select {
+		case err := <-done:
+			if !errors.Is(err, command.ErrInFlight) {
+				t.Fatalf("retry while another retry holds the expired key: %v, want ErrInFlight", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a retry still waits for the other retry, 10 s past its 100ms bound")
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the retry still waits for the other retry, 10 s past its 100ms bound")
 	}
 }
 
@@ -455,5 +464,51 @@ func TestAWaitBoundPastLockTimeoutsRangeIsClamped(t *testing.T) {
 	})
 	if err != nil || res.Status != 200 {
 		t.Fatalf("Do with a 700h wait bound: %+v, %v", res, err)
+	}
+}
+
+// A pay, ship or cancel key stored by version 1, which ignored If-Match
+// (its canonical request has no expected_version), replays for the same
+// request sent with If-Match now; a PATCH's stored expected_version still
+// counts, and another field still refuses.
+func TestAVersion1KeyOfAStepReplaysWithIfMatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
+	order := uuid.Must(uuid.NewV7())
+	exec := func(context.Context, pgx.Tx) (command.Response, error) {
+		return command.Response{Status: 200, Body: []byte(`{"status":"cancelled"}`)}, nil
+	}
+	stored := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders/{id}/cancel", Key: "k",
+		Command: command.CancelOrder{OrderID: order, Reason: "r"}}
+	if _, err := idem.Do(ctx, stored, time.Second, exec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET fingerprint = '\xdead', fingerprint_version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	retry := stored
+	retry.Command = command.CancelOrder{OrderID: order, Reason: "r", ExpectedVersion: 2}
+	if res, err := idem.Do(ctx, retry, time.Second, nil); err != nil || !res.Replayed {
+		t.Fatalf("the same cancel with If-Match, key of version 1: %+v %v; want a replay", res, err)
+	}
+	retry.Command = command.CancelOrder{OrderID: order, Reason: "other", ExpectedVersion: 2}
+	var mismatch *command.MismatchError
+	if _, err := idem.Do(ctx, retry, time.Second, nil); !errors.As(err, &mismatch) || !slices.Equal(mismatch.Fields, []string{"reason"}) {
+		t.Fatalf("another reason, key of version 1: %v; want a mismatch on reason alone", err)
+	}
+
+	patch := command.KeyedRequest{TenantID: "t1", Scope: "PATCH /v1/orders/{id}", Key: "p",
+		Command: command.UpdateOrder{OrderID: order, ExpectedVersion: 1}}
+	if _, err := idem.Do(ctx, patch, time.Second, exec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET fingerprint = '\xdead', fingerprint_version = 1 WHERE key = 'p'`); err != nil {
+		t.Fatal(err)
+	}
+	patch.Command = command.UpdateOrder{OrderID: order, ExpectedVersion: 2}
+	if _, err := idem.Do(ctx, patch, time.Second, nil); !errors.As(err, &mismatch) || !slices.Equal(mismatch.Fields, []string{"expected_version"}) {
+		t.Fatalf("a PATCH on another version, key of version 1: %v; want a mismatch on expected_version", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -139,7 +140,10 @@ func TestOneRebuildOfAProjectionAtATime(t *testing.T) {
 
 	// Another process's rebuild of the same projection is refused.
 	other := mustRunner(t, f.db, nil, CustomerSummaries{}, slog.New(slog.NewTextHandler(io.Discard, nil)), Config{})
-	if _, err := other.Rebuild(ctx); !errors.Is(err, ErrRebuildRunning) {
+	soon, cancel := context.WithTimeout(ctx, 30*time.Second) // without the lock it would wait at the swap
+	_, err := other.Rebuild(soon)
+	cancel()
+	if !errors.Is(err, ErrRebuildRunning) {
 		t.Fatalf("a second rebuild while one runs: %v, want ErrRebuildRunning", err)
 	}
 

@@ -95,13 +95,16 @@ func (w *Worker) providerResult(consumer string, err error) result {
 
 // exhausted says whether a retry that failed for the failed-th time is
 // dead-lettered: at Config.MaxDeliver failures, unless the provider gave
-// no outcome. An outage of the provider outlasts any count (ten failures
+// no outcome (and failed counts only the failures that were not the
+// provider's: after an outage, one failure of ours, such as a recording
+// that meets a database blip, must not dead-letter the charge the
+// provider has just made). An outage of the provider outlasts any count (ten failures
 // are about two minutes of backoff): dead-lettered, every intent in flight
 // would need an operator's retry when it came back, and its order would
 // stay payment_pending, neither payable again nor cancellable, meanwhile.
 // Such an intent stays parked, retried every MaxBackoff with its key, and
-// settles on its own when the provider answers; payment_worker_transient
-// counts the failures and the worker's /readyz says the provider is down.
+// settles on its own when the provider answers;
+// orders_payment_provider_transient_failures_total counts the failures.
 func (w *Worker) exhausted(r result, failed int) bool {
 	return !r.providerDown && failed >= w.cfg.MaxDeliver
 }

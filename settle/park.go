@@ -361,6 +361,9 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 	w.stats.redriven.Add(1)
 	r := w.settle(ctx, consumer, p.Payload, p.Attempts > 1 || p.Old)
 	failed := p.Failures + 1 // if this one failed
+	if r.providerDown {
+		failed = p.Failures // the provider's failures are not counted (exhausted)
+	}
 	var (
 		tag pgconn.CommandTag
 		err error
@@ -375,7 +378,9 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 		w.logger.WarnContext(ctx, "parked intent abandoned before recording; it is tried again after its lease", "consumer", consumer, "id", p.ID, "err", r.err)
 	case retry:
 		if !w.exhausted(r, int(failed)) {
-			delay := w.backoff(uint64(failed))
+			// Every lease is an attempt: the backoff grows with them,
+			// the provider's failures included.
+			delay := w.backoff(uint64(max(failed, p.Attempts)))
 			w.logger.WarnContext(ctx, "parked intent failed; retrying with the same key", "consumer", consumer, "id", p.ID,
 				"failures", failed, "retry_in", delay, "err", r.err)
 			tag, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, p.Lease, delay.Microseconds(), failed, postgres.Text(r.err.Error()))

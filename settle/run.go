@@ -196,12 +196,19 @@ func (w *Worker) process(ctx context.Context, consumer string, slots *tenantSlot
 	case abandon:
 		w.logger.WarnContext(ctx, "intent abandoned before recording; it will be redelivered after the ack wait", "consumer", consumer, "stream_seq", seq, "err", r.err)
 	case retry:
+		// failed counts this process's failures of the intent that were
+		// ours (exhausted); backoff grows with every delivery.
 		failed := int(delivered) // without a sequence, every delivery counts
-		if seq != 0 {
+		switch {
+		case r.providerDown && seq != 0:
+			failed = fails.get(seq).n
+		case r.providerDown:
+			failed = 0
+		case seq != 0:
 			failed = fails.add(seq, time.Now())
 		}
 		if !w.exhausted(r, failed) {
-			delay := w.backoff(uint64(failed))
+			delay := w.backoff(max(delivered, uint64(failed)))
 			w.logger.WarnContext(ctx, "intent failed; retrying with the same key", "consumer", consumer, "stream_seq", seq,
 				"delivery", delivered, "failures", failed, "retry_in", delay, "err", r.err)
 			// Parked, not handed back: a nak'ed intent waits out its

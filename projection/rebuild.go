@@ -64,39 +64,20 @@ const rebuildLockClass = AdvisoryClass + 1
 // same projection runs (in this process or another).
 var ErrRebuildRunning = errors.New("a rebuild of this projection is already running")
 
-// lockRebuild takes the projection's rebuild lock on a connection of its
-// own, held until unlock: a session lock, since the rebuild is many
-// transactions, all on that connection (so a rebuild needs one connection,
-// whatever the pool's size). If the rebuild's process dies, PostgreSQL ends
-// the session and the lock with it. unlock releases the lock; a connection
-// whose unlock failed is closed, not returned to the pool still holding it.
+// lockRebuild takes the projection's rebuild lock, held until unlock (a
+// session lock: the rebuild is many transactions), on the connection the
+// rebuild then works on, so it needs one connection whatever the pool's
+// size.
 func (r *Runner) lockRebuild(ctx context.Context) (conn *pgxpool.Conn, unlock func(), err error) {
 	name := r.proj.Name()
-	conn, err = r.db.Acquire(ctx)
-	if err != nil {
+	conn, unlock, got, err := postgres.TrySessionLock(ctx, r.db, "$1, hashtext($2)", rebuildLockClass, name)
+	switch {
+	case err != nil:
 		return nil, nil, fmt.Errorf("rebuild %s: %w", name, err)
-	}
-	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, rebuildLockClass, name).Scan(&got); err != nil {
-		conn.Release()
-		return nil, nil, fmt.Errorf("rebuild %s: take its lock: %w", name, err)
-	}
-	if !got {
-		conn.Release()
+	case !got:
 		return nil, nil, fmt.Errorf("rebuild %s: %w; wait for it to end (its shadow tables are in schema rebuild_%s)", name, ErrRebuildRunning, name)
 	}
-	return conn, func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		var released bool
-		err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1, hashtext($2))`, rebuildLockClass, name).Scan(&released)
-		if err != nil || !released {
-			_ = conn.Conn().Close(ctx) // ends the session, and its lock
-			conn.Release()
-			return
-		}
-		conn.Release()
-	}, nil
+	return conn, unlock, nil
 }
 
 func (r *Runner) rebuild(ctx context.Context, db postgres.DB) (RebuildStats, error) {

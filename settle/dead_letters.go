@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/postgres"
@@ -112,39 +111,22 @@ const deadLetterLockClass = 0x0d1e7e7
 // mark discarded a dead letter whose retry was charging meanwhile: the
 // charge recorded, the dead letter saying it never would be (and the
 // operator told to settle it by hand at the provider, a second charge). A
-// session lock on a connection of its own, so that no transaction stays
-// open across the provider call; a crashed command's lock ends with its
-// session. A db that hands out no connection (not a pool) is not locked.
+// session lock (postgres.TrySessionLock), so that no transaction stays open
+// across the provider call. A db that hands out no connection (not a pool)
+// is not locked.
 func (w *Worker) lockDeadLetter(ctx context.Context, id int64) (unlock func(), err error) {
-	pool, ok := w.db.(interface {
-		Acquire(context.Context) (*pgxpool.Conn, error)
-	})
+	pool, ok := w.db.(postgres.Acquirer)
 	if !ok {
 		return func() {}, nil
 	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
+	_, unlock, got, err := postgres.TrySessionLock(ctx, pool, "$1, $2", int32(deadLetterLockClass), int32(id%(1<<31)))
+	switch {
+	case err != nil:
 		return nil, fmt.Errorf("dead letter %d: %w", id, err)
-	}
-	key := int32(id % (1 << 31))
-	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, int32(deadLetterLockClass), key).Scan(&got); err != nil {
-		conn.Release()
-		return nil, fmt.Errorf("dead letter %d: take its lock: %w", id, err)
-	}
-	if !got {
-		conn.Release()
+	case !got:
 		return nil, fmt.Errorf("dead letter %d: %w", id, ErrDeadLetterBusy)
 	}
-	return func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		var released bool
-		if err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1, $2)`, int32(deadLetterLockClass), key).Scan(&released); err != nil || !released {
-			_ = conn.Conn().Close(ctx) // ends the session, and its lock
-		}
-		conn.Release()
-	}, nil
+	return unlock, nil
 }
 
 func (w *Worker) openDeadLetter(ctx context.Context, id int64) (consumer string, data []byte, err error) {

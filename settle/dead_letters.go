@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/acme/orders/domain"
+	"github.com/acme/orders/payment"
 	"github.com/acme/orders/postgres"
 )
 
@@ -83,18 +84,107 @@ func (w *Worker) RetryDeadLetter(ctx context.Context, id int64) error {
 	return w.resolve(ctx, id, "retried")
 }
 
-// DiscardDeadLetter marks the open dead letter id discarded: its intent is
-// never settled by the worker (settle it by hand at the provider if need be).
-func (w *Worker) DiscardDeadLetter(ctx context.Context, id int64) error {
+// DiscardDeadLetter marks the open dead letter id discarded: the worker
+// never settles its intent. So that its order does not wait for an outcome
+// for good (payment_pending, neither payable again nor cancellable; a
+// refund pending), a charge or refund is first looked up at the provider
+// under the intent's key, and what was found is recorded:
+//   - a succeeded charge or refund: nothing; the discard is refused with
+//     ErrSettledAtProvider (retry the dead letter, which records it);
+//   - a declined charge or failed refund: that outcome;
+//   - none: a decline (DiscardedCode) or a failed refund, so that the
+//     order can be paid again or cancelled, or shows its refund failed.
+//
+// If the provider cannot be asked, the discard is refused and the dead
+// letter stays open. A dead letter that is no intent (malformed), or whose
+// outcome was recorded meanwhile, is only marked. outcome says what was
+// recorded, for the operator.
+//
+// Nothing calls the provider with the key afterwards: the outcome's inbox
+// row makes every later delivery of the intent a no-op, and a retry or
+// discard of the dead letter is held off (lockDeadLetter). A delivery that
+// passed its inbox check before the discard committed (a worker that
+// crashed between the dead letter and its Term, redelivering just then)
+// could still charge: the ledger check (make faults) would show it.
+func (w *Worker) DiscardDeadLetter(ctx context.Context, id int64) (outcome string, err error) {
 	unlock, err := w.lockDeadLetter(ctx, id)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer unlock()
-	if _, _, err := w.openDeadLetter(ctx, id); err != nil {
-		return err
+	consumer, data, err := w.openDeadLetter(ctx, id)
+	if err != nil {
+		return "", err
 	}
-	return w.resolve(ctx, id, "discarded")
+	if outcome, err = w.discardIntent(ctx, id, consumer, data); err != nil {
+		return "", fmt.Errorf("dead letter %d not discarded: %w", id, err)
+	}
+	return outcome, w.resolve(ctx, id, "discarded")
+}
+
+// DiscardedCode is the decline code DiscardDeadLetter records for a charge
+// the provider holds none of.
+const DiscardedCode = "discarded"
+
+// ErrSettledAtProvider is returned by DiscardDeadLetter for an intent the
+// provider holds a succeeded charge or refund of: retry it instead.
+var ErrSettledAtProvider = errors.New("the provider holds a succeeded charge or refund under the intent's key: retry the dead letter to record it")
+
+// discardIntent records the outcome the provider holds of dead letter
+// id's intent, or a decline or failed refund when it holds none (see
+// DiscardDeadLetter).
+func (w *Worker) discardIntent(ctx context.Context, id int64, consumer string, data []byte) (string, error) {
+	env, err := domain.DecodeEnvelope(data)
+	if err != nil {
+		return "nothing recorded: not an intent", nil
+	}
+	switch recorded, err := w.recorded(ctx, consumer, env.ID); {
+	case err != nil:
+		return "", err
+	case recorded:
+		return "nothing recorded: its outcome was recorded before", nil
+	}
+	switch {
+	case consumer == ChargeConsumer && env.Type == domain.TypePaymentRequested:
+		req, err := chargeIntent(env)
+		if err != nil {
+			return "nothing recorded: not a charge", nil
+		}
+		ch, found, err := w.provider.FindCharge(ctx, req.PaymentKey)
+		switch {
+		case err != nil:
+			return "", fmt.Errorf("cannot tell whether the provider charged under key %s: %w", req.PaymentKey, err)
+		case found && ch.Status == payment.ChargeSucceeded:
+			return "", fmt.Errorf("charge %s under key %s: %w", ch.ID, req.PaymentKey, ErrSettledAtProvider)
+		case !found:
+			ch = payment.Charge{Status: payment.ChargeDeclined, DeclineCode: DiscardedCode,
+				DeclineReason: fmt.Sprintf("payment dead letter %d discarded; the provider holds no charge under its key", id)}
+		}
+		if _, err := w.recordCharge(ctx, env, req, ch); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("recorded order %s's charge attempt %d as declined (%s)", env.AggregateID, req.Attempt, ch.DeclineCode), nil
+	case consumer == RefundConsumer && env.Type == domain.TypeRefundRequested:
+		req, err := refundIntent(env)
+		if err != nil {
+			return "nothing recorded: not a refund", nil
+		}
+		rf, found, err := w.provider.FindRefund(ctx, req.ChargeID, req.RefundKey)
+		switch {
+		case err != nil:
+			return "", fmt.Errorf("cannot tell whether the provider refunded under key %s: %w", req.RefundKey, err)
+		case found && rf.Status == payment.RefundSucceeded:
+			return "", fmt.Errorf("refund %s under key %s: %w", rf.ID, req.RefundKey, ErrSettledAtProvider)
+		case !found:
+			rf = payment.Refund{Status: payment.RefundFailed,
+				FailureReason: fmt.Sprintf("payment dead letter %d discarded; the provider holds no refund under its key (refund by hand if need be)", id)}
+		}
+		if _, err := w.recordRefund(ctx, env, req, rf); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("recorded order %s's refund attempt %d as failed", env.AggregateID, req.Attempt), nil
+	}
+	return "nothing recorded: not an intent of " + consumer, nil
 }
 
 // ErrDeadLetterBusy is returned by RetryDeadLetter and DiscardDeadLetter

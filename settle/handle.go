@@ -127,19 +127,13 @@ func (w *Worker) afterProviderCall(ctx context.Context, consumer string, id uuid
 }
 
 func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bool) result {
-	var req domain.PaymentRequested
-	if err := env.Decode(&req); err != nil {
+	req, err := chargeIntent(env)
+	if err != nil {
 		return result{verdict: dead, err: err}
-	}
-	if req.Attempt < 1 || req.PaymentKey != domain.ChargeKey(env.TenantID, env.AggregateID, req.Attempt) ||
-		req.Amount < 0 || !domain.ValidCurrency(req.Currency) || req.PaymentMethod == "" {
-		return result{verdict: dead, err: fmt.Errorf("%w: payment.requested %s: attempt %d, key %q, amount %d %q, method %q do not make a charge",
-			domain.ErrMalformedEvent, env.ID, req.Attempt, req.PaymentKey, req.Amount, req.Currency, req.PaymentMethod)}
 	}
 	var (
 		ch    payment.Charge
 		found bool
-		err   error
 		start = time.Now()
 	)
 	if !domain.Chargeable(req.Currency, req.Amount) {
@@ -177,42 +171,61 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 	if err := w.afterProviderCall(ctx, ChargeConsumer, env.ID); err != nil {
 		return result{verdict: abandon, err: err}
 	}
-	out := command.ChargeOutcome{ChargeID: ch.ID, Amount: ch.Amount, Currency: ch.Currency,
-		Succeeded: ch.Status == payment.ChargeSucceeded, DeclineCode: ch.DeclineCode, Reason: ch.DeclineReason}
-	if !out.Succeeded {
-		// A decline may come without the amount; it is the request's.
-		out.Amount, out.Currency = req.Amount, req.Currency
-	}
 	start = time.Now()
-	_, wrote, err := command.NewRecordChargeOutcomeHandler(w.db).HandleRecorded(ctx, command.RecordChargeOutcome{
-		TenantID: env.TenantID, OrderID: env.AggregateID, Attempt: req.Attempt, Consumer: ChargeConsumer, EventID: env.ID, Charge: out,
-	})
+	wrote, err := w.recordCharge(ctx, env, req, ch)
 	if err != nil {
-		return recordResult(fmt.Errorf("record charge %s (%s): %w", req.PaymentKey, ch.ID, err))
+		return recordResult(err)
 	}
 	if !wrote { // a racing copy recorded it
 		w.stats.duplicate(ChargeConsumer)
 		return result{verdict: done}
 	}
 	w.afterRecord()
-	w.stats.charged(out.Succeeded)
+	w.stats.charged(ch.Status == payment.ChargeSucceeded)
 	return recordedNow(env, timing, start)
 }
 
-func (w *Worker) refund(ctx context.Context, env domain.Envelope, redelivered bool) result {
-	var req domain.RefundRequested
+// chargeIntent decodes and checks the payment.requested intent env.
+func chargeIntent(env domain.Envelope) (domain.PaymentRequested, error) {
+	var req domain.PaymentRequested
 	if err := env.Decode(&req); err != nil {
-		return result{verdict: dead, err: err}
+		return req, err
 	}
-	if req.Attempt < 1 || req.RefundKey != domain.RefundKey(env.TenantID, env.AggregateID, req.Attempt) ||
-		req.Amount <= 0 || !domain.ValidCurrency(req.Currency) || req.ChargeID == "" {
-		return result{verdict: dead, err: fmt.Errorf("%w: refund.requested %s: attempt %d, key %q, amount %d %q, charge %q do not make a refund",
-			domain.ErrMalformedEvent, env.ID, req.Attempt, req.RefundKey, req.Amount, req.Currency, req.ChargeID)}
+	if req.Attempt < 1 || req.PaymentKey != domain.ChargeKey(env.TenantID, env.AggregateID, req.Attempt) ||
+		req.Amount < 0 || !domain.ValidCurrency(req.Currency) || req.PaymentMethod == "" {
+		return req, fmt.Errorf("%w: payment.requested %s: attempt %d, key %q, amount %d %q, method %q do not make a charge",
+			domain.ErrMalformedEvent, env.ID, req.Attempt, req.PaymentKey, req.Amount, req.Currency, req.PaymentMethod)
+	}
+	return req, nil
+}
+
+// recordCharge records the provider's charge ch of intent req (event env)
+// with its inbox row; wrote is false when an earlier delivery or a racing
+// copy recorded it.
+func (w *Worker) recordCharge(ctx context.Context, env domain.Envelope, req domain.PaymentRequested, ch payment.Charge) (wrote bool, err error) {
+	out := command.ChargeOutcome{ChargeID: ch.ID, Amount: ch.Amount, Currency: ch.Currency,
+		Succeeded: ch.Status == payment.ChargeSucceeded, DeclineCode: ch.DeclineCode, Reason: ch.DeclineReason}
+	if !out.Succeeded {
+		// A decline may come without the amount; it is the request's.
+		out.Amount, out.Currency = req.Amount, req.Currency
+	}
+	_, wrote, err = command.NewRecordChargeOutcomeHandler(w.db).HandleRecorded(ctx, command.RecordChargeOutcome{
+		TenantID: env.TenantID, OrderID: env.AggregateID, Attempt: req.Attempt, Consumer: ChargeConsumer, EventID: env.ID, Charge: out,
+	})
+	if err != nil {
+		return false, fmt.Errorf("record charge %s (%s): %w", req.PaymentKey, ch.ID, err)
+	}
+	return wrote, nil
+}
+
+func (w *Worker) refund(ctx context.Context, env domain.Envelope, redelivered bool) result {
+	req, err := refundIntent(env)
+	if err != nil {
+		return result{verdict: dead, err: err}
 	}
 	var (
 		rf    payment.Refund
 		found bool
-		err   error
 		start = time.Now()
 	)
 	if redelivered {
@@ -240,25 +253,50 @@ func (w *Worker) refund(ctx context.Context, env domain.Envelope, redelivered bo
 	if err := w.afterProviderCall(ctx, RefundConsumer, env.ID); err != nil {
 		return result{verdict: abandon, err: err}
 	}
-	out := command.RefundOutcome{RefundID: rf.ID, Amount: rf.Amount, Currency: rf.Currency,
-		Succeeded: rf.Status == payment.RefundSucceeded, Reason: rf.FailureReason}
-	if out.Currency == "" {
-		out.Currency = req.Currency
-	}
 	start = time.Now()
-	_, wrote, err := command.NewRecordRefundOutcomeHandler(w.db).HandleRecorded(ctx, command.RecordRefundOutcome{
-		TenantID: env.TenantID, OrderID: env.AggregateID, Attempt: req.Attempt, Consumer: RefundConsumer, EventID: env.ID, Refund: out,
-	})
+	wrote, err := w.recordRefund(ctx, env, req, rf)
 	if err != nil {
-		return recordResult(fmt.Errorf("record refund %s (%s): %w", req.RefundKey, rf.ID, err))
+		return recordResult(err)
 	}
 	if !wrote { // a racing copy recorded it
 		w.stats.duplicate(RefundConsumer)
 		return result{verdict: done}
 	}
 	w.afterRecord()
-	w.stats.refunded(out.Succeeded)
+	w.stats.refunded(rf.Status == payment.RefundSucceeded)
 	return recordedNow(env, timing, start)
+}
+
+// refundIntent decodes and checks the refund.requested intent env.
+func refundIntent(env domain.Envelope) (domain.RefundRequested, error) {
+	var req domain.RefundRequested
+	if err := env.Decode(&req); err != nil {
+		return req, err
+	}
+	if req.Attempt < 1 || req.RefundKey != domain.RefundKey(env.TenantID, env.AggregateID, req.Attempt) ||
+		req.Amount <= 0 || !domain.ValidCurrency(req.Currency) || req.ChargeID == "" {
+		return req, fmt.Errorf("%w: refund.requested %s: attempt %d, key %q, amount %d %q, charge %q do not make a refund",
+			domain.ErrMalformedEvent, env.ID, req.Attempt, req.RefundKey, req.Amount, req.Currency, req.ChargeID)
+	}
+	return req, nil
+}
+
+// recordRefund records the provider's refund rf of intent req (event env)
+// with its inbox row; wrote is false when an earlier delivery or a racing
+// copy recorded it.
+func (w *Worker) recordRefund(ctx context.Context, env domain.Envelope, req domain.RefundRequested, rf payment.Refund) (wrote bool, err error) {
+	out := command.RefundOutcome{RefundID: rf.ID, Amount: rf.Amount, Currency: rf.Currency,
+		Succeeded: rf.Status == payment.RefundSucceeded, Reason: rf.FailureReason}
+	if out.Currency == "" {
+		out.Currency = req.Currency
+	}
+	_, wrote, err = command.NewRecordRefundOutcomeHandler(w.db).HandleRecorded(ctx, command.RecordRefundOutcome{
+		TenantID: env.TenantID, OrderID: env.AggregateID, Attempt: req.Attempt, Consumer: RefundConsumer, EventID: env.ID, Refund: out,
+	})
+	if err != nil {
+		return false, fmt.Errorf("record refund %s (%s): %w", req.RefundKey, rf.ID, err)
+	}
+	return wrote, nil
 }
 
 // recordedNow is the result of an outcome of env recorded now by a

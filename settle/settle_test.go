@@ -391,7 +391,7 @@ func TestPermanentFailureIsDeadLetteredAndRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.provider = wrongKey
-	w, _ := r.start(t, settle.Config{})
+	w, stop := r.start(t, settle.Config{})
 	id := r.order(t)
 	r.pay(t, id, domain.DefaultPaymentMethod)
 	r.publish(t, id, domain.TypePaymentRequested, 0)
@@ -402,14 +402,127 @@ func TestPermanentFailureIsDeadLetteredAndRetried(t *testing.T) {
 	if err := w.RetryDeadLetter(context.Background(), dls[0].ID); err == nil {
 		t.Fatal("retry of a still-refused charge succeeded")
 	}
-	if err := w.DiscardDeadLetter(context.Background(), dls[0].ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.DiscardDeadLetter(context.Background(), dls[0].ID); !errors.Is(err, settle.ErrNoDeadLetter) {
-		t.Fatalf("second discard: %v, want ErrNoDeadLetter", err)
+	// The worker cannot ask the provider whether it charged: no discard.
+	if _, err := w.DiscardDeadLetter(context.Background(), dls[0].ID); err == nil || !strings.Contains(err.Error(), "cannot tell whether the provider charged") {
+		t.Fatalf("discard with a key the provider refuses: %v, want refused", err)
 	}
 	if s, _, _ := r.get(t, id); s != "payment_pending" {
-		t.Fatalf("order %s", s)
+		t.Fatalf("order %s after a refused discard, want payment_pending", s)
+	}
+	// With the right key, the retry charges; here the operator discards
+	// instead: the provider holds no charge under the intent's key, so
+	// the attempt is recorded as declined and the order can be paid again.
+	fixed, err := settle.New(r.db, nil, r.rightProvider(t), nil, settle.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcome, err := fixed.DiscardDeadLetter(context.Background(), dls[0].ID)
+	if err != nil || !strings.Contains(outcome, "declined (discarded)") {
+		t.Fatalf("discard: %q, %v", outcome, err)
+	}
+	if _, err := fixed.DiscardDeadLetter(context.Background(), dls[0].ID); !errors.Is(err, settle.ErrNoDeadLetter) {
+		t.Fatalf("second discard: %v, want ErrNoDeadLetter", err)
+	}
+	if s, _, _ := r.get(t, id); s != "payment_failed" {
+		t.Fatalf("order %s after the discard, want payment_failed", s)
+	}
+	if l := fakepsptest.Ledger(t, r.psp); len(l.Charges) != 0 {
+		t.Fatalf("the provider holds charges %+v, want none", l.Charges)
+	}
+	stop()
+	r.provider = r.rightProvider(t)
+	r.start(t, settle.Config{})
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+}
+
+// rightProvider is an adapter on the rig's provider with its right key.
+func (r *rig) rightProvider(t testing.TB) settle.Provider {
+	t.Helper()
+	p, err := payment.NewStripe(payment.Config{BaseURL: r.pspURL, SecretKey: fakepsptest.SecretKey, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// chargedButRefused makes each charge at the provider, then answers as if
+// the provider had refused it for good: a dead letter the provider holds a
+// charge of (as an answer lost to a misconfigured proxy would leave).
+type chargedButRefused struct{ settle.Provider }
+
+func (c chargedButRefused) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
+	if _, err := c.Provider.Charge(ctx, r); err != nil {
+		return payment.Charge{}, err
+	}
+	return payment.Charge{}, fmt.Errorf("%w: 400 made up", payment.ErrPermanent)
+}
+
+// A dead letter the provider holds a succeeded charge of is not
+// discarded (the customer would be charged for an order that never
+// becomes paid): the discard is refused and changes nothing, and the
+// retry records the charge.
+func TestADiscardOfAChargeTheProviderMadeIsRefused(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	r.provider = chargedButRefused{r.provider}
+	w, _ := r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	dl := r.waitDeadLetters(t, 15*time.Second, "a dead letter")[0]
+
+	if _, err := w.DiscardDeadLetter(context.Background(), dl.ID); !errors.Is(err, settle.ErrSettledAtProvider) {
+		t.Fatalf("discard of a charge the provider made: %v, want ErrSettledAtProvider", err)
+	}
+	if s, _, _ := r.get(t, id); s != "payment_pending" {
+		t.Fatalf("order %s after a refused discard, want payment_pending", s)
+	}
+	if dls, err := settle.ListDeadLetters(context.Background(), r.db, false); err != nil || len(dls) != 1 {
+		t.Fatalf("open dead letters %+v (%v), want the one", dls, err)
+	}
+	if err := w.RetryDeadLetter(context.Background(), dl.ID); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+}
+
+// refundRefused refuses every refund for good without calling the provider.
+type refundRefused struct{ settle.Provider }
+
+func (refundRefused) Refund(context.Context, payment.RefundRequest) (payment.Refund, error) {
+	return payment.Refund{}, fmt.Errorf("%w: 400 made up", payment.ErrPermanent)
+}
+
+// A discarded refund the provider holds none of is recorded as failed, so
+// the order says its refund failed (the provider's ledger: one charge, no
+// refund), not pending for good; one the provider made is refused.
+func TestADiscardedRefundIsRecordedAsFailed(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	right := r.provider
+	r.provider = refundRefused{right}
+	w, _ := r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.cancel(t, id)
+	r.publish(t, id, domain.TypeRefundRequested, 0)
+	dl := r.waitDeadLetters(t, 15*time.Second, "the refund dead-lettered")[0]
+
+	outcome, err := w.DiscardDeadLetter(context.Background(), dl.ID)
+	if err != nil || !strings.Contains(outcome, "refund attempt 1 as failed") {
+		t.Fatalf("discard: %q, %v", outcome, err)
+	}
+	if s, rf, _ := r.get(t, id); s != "cancelled" || rf != "failed" {
+		t.Fatalf("order %s, refund %s after the discard, want cancelled, failed", s, rf)
+	}
+	if l := fakepsptest.Ledger(t, r.psp); len(l.Refunds) != 0 {
+		t.Fatalf("the provider holds refunds %+v, want none", l.Refunds)
 	}
 }
 
@@ -1312,7 +1425,7 @@ func TestADiscardWhileTheRetryChargesIsRefused(t *testing.T) {
 	retried := make(chan error, 1)
 	go func() { retried <- w.RetryDeadLetter(context.Background(), dl.ID) }()
 	<-g.charging
-	if err := w.DiscardDeadLetter(context.Background(), dl.ID); !errors.Is(err, settle.ErrDeadLetterBusy) {
+	if _, err := w.DiscardDeadLetter(context.Background(), dl.ID); !errors.Is(err, settle.ErrDeadLetterBusy) {
 		t.Fatalf("discard while the retry charges: %v, want ErrDeadLetterBusy", err)
 	}
 	if err := w.RetryDeadLetter(context.Background(), dl.ID); !errors.Is(err, settle.ErrDeadLetterBusy) {
@@ -1324,7 +1437,7 @@ func TestADiscardWhileTheRetryChargesIsRefused(t *testing.T) {
 	}
 	r.waitStatus(t, id, "paid", 15*time.Second)
 	r.assertOneCharge(t, id)
-	if err := w.DiscardDeadLetter(context.Background(), dl.ID); !errors.Is(err, settle.ErrNoDeadLetter) {
+	if _, err := w.DiscardDeadLetter(context.Background(), dl.ID); !errors.Is(err, settle.ErrNoDeadLetter) {
 		t.Fatalf("discard after the retry: %v, want ErrNoDeadLetter", err)
 	}
 	all, err := settle.ListDeadLetters(context.Background(), r.db, true)

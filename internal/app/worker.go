@@ -34,7 +34,7 @@ const workerUsage = `usage:
   worker [flags]                                 settle payment and refund intents with the provider (serve)
   worker dead-letters list [-all] [flags]        the worker's open dead letters (with -all: every one)
   worker dead-letters retry [flags] ID           settle a dead letter again (same idempotency key), then mark it retried
-  worker dead-letters discard [flags] ID         mark a dead letter discarded (never settled by the worker)`
+  worker dead-letters discard [flags] ID         never settle a dead letter: record what the provider holds under its key, or a decline or failed refund`
 
 // Defaults of the worker program.
 const (
@@ -155,14 +155,18 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 		if err != nil {
 			return err
 		}
-		resolve, verb := w.RetryDeadLetter, "retried"
 		if sub == "dead-letters discard" {
-			resolve, verb = w.DiscardDeadLetter, "discarded"
+			outcome, err := w.DiscardDeadLetter(ctx, id)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "discarded dead letter %d: %s\n", id, outcome)
+			return nil
 		}
-		if err := resolve(ctx, id); err != nil {
+		if err := w.RetryDeadLetter(ctx, id); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s dead letter %d\n", verb, id)
+		fmt.Fprintf(stdout, "retried dead letter %d\n", id)
 		return nil
 	}
 

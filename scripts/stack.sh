@@ -421,6 +421,10 @@ or, in another terminal:
 Another tenant's token (the api's CLI on this stack's database):
     DATABASE_URL='$DATABASE_URL' go run ./cmd/api token create -tenant NAME
 
+Dead letters (the projector's and the worker's CLIs on this stack; the worker's asks this stack's provider):
+    DATABASE_URL='$DATABASE_URL' go run ./cmd/projector dead-letters list
+    DATABASE_URL='$DATABASE_URL' PAYMENT_PROVIDER_URL='$PAYMENT_PROVIDER_URL' go run ./cmd/worker dead-letters list
+
 $STOP_LINE
 
 BANNER

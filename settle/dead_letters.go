@@ -150,6 +150,9 @@ func (w *Worker) discardIntent(ctx context.Context, id int64, consumer string, d
 		if err != nil {
 			return "nothing recorded: not a charge", nil
 		}
+		if err := w.searchable(ctx, id); err != nil {
+			return "", err
+		}
 		ch, found, err := w.provider.FindCharge(ctx, req.PaymentKey)
 		switch {
 		case err != nil:
@@ -238,6 +241,21 @@ func (w *Worker) resolve(ctx context.Context, id int64, status string) error {
 	}
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
+	}
+	return nil
+}
+
+// searchable refuses dead letter id while it is younger than the
+// provider's search lag (Config.ProviderSearchLag): a charge made by the
+// last delivery before it could still be missing from the search.
+func (w *Worker) searchable(ctx context.Context, id int64) error {
+	var age time.Duration
+	if err := w.db.QueryRow(ctx, `SELECT now() - created_at FROM dead_letters WHERE id = $1`, id).Scan(&age); err != nil {
+		return fmt.Errorf("read dead letter %d: %w", id, err)
+	}
+	if wait := w.cfg.ProviderSearchLag - age; wait > 0 {
+		return fmt.Errorf("it is %s old, and the provider's search may not show a charge made in the last %s: discard it in %s",
+			age.Round(time.Second), w.cfg.ProviderSearchLag, wait.Round(time.Second)+time.Second)
 	}
 	return nil
 }

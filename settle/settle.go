@@ -88,6 +88,9 @@ const (
 	// DefaultShutdownTimeout bounds how long Run waits, once its context
 	// ends, for the intents in hand to be charged, recorded and acked.
 	DefaultShutdownTimeout = 30 * time.Second
+	// DefaultProviderSearchLag is Config.ProviderSearchLag's default: Stripe's
+	// search shows a charge within a minute.
+	DefaultProviderSearchLag = time.Minute
 )
 
 // Config configures a Worker. A zero field takes its default.
@@ -130,6 +133,11 @@ type Config struct {
 	// StreamReplicas is the replication of the stream (if this process
 	// creates it) and of the consumers (1 when 0).
 	StreamReplicas int
+	// ProviderSearchLag is how long the provider's search of charges may
+	// lag its writes (DefaultProviderSearchLag, Stripe's; -1 for none, as
+	// fakepsp's). DiscardDeadLetter refuses a charge's dead letter younger
+	// than that: its look-up could miss the charge.
+	ProviderSearchLag time.Duration
 	// AfterProviderCall, when set, runs after each provider call answered
 	// and before its outcome is recorded; a non-nil error abandons the
 	// intent there, neither recorded nor acked, as if the process had died
@@ -195,6 +203,12 @@ func (c *Config) setDefaults() error {
 	if c.DeferDelay == 0 {
 		c.DeferDelay = DefaultDeferDelay
 	}
+	switch c.ProviderSearchLag {
+	case 0:
+		c.ProviderSearchLag = DefaultProviderSearchLag
+	case -1:
+		c.ProviderSearchLag = 0
+	}
 	switch {
 	case c.Concurrency < 1 || c.Concurrency > 256:
 		return fmt.Errorf("settle: Config.Concurrency must be 1 to 256, got %d", c.Concurrency)
@@ -212,6 +226,8 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("settle: Config.StreamReplicas must be 1 to 5, got %d", c.StreamReplicas)
 	case !(c.TenantShare > 0 && c.TenantShare <= 1):
 		return fmt.Errorf("settle: Config.TenantShare must be in (0, 1], got %v", c.TenantShare)
+	case c.ProviderSearchLag < 0:
+		return fmt.Errorf("settle: Config.ProviderSearchLag must be -1 (none) or positive, got %s", c.ProviderSearchLag)
 	case c.DeferDelay < 10*time.Millisecond:
 		return fmt.Errorf("settle: Config.DeferDelay must be at least 10ms, got %s", c.DeferDelay)
 	}

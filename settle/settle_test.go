@@ -402,8 +402,17 @@ func TestPermanentFailureIsDeadLetteredAndRetried(t *testing.T) {
 	if err := w.RetryDeadLetter(context.Background(), dls[0].ID); err == nil {
 		t.Fatal("retry of a still-refused charge succeeded")
 	}
+	// Stripe's search may not show a charge of the last minute yet: no
+	// discard of a charge's dead letter younger than that.
+	if _, err := w.DiscardDeadLetter(context.Background(), dls[0].ID); err == nil || !strings.Contains(err.Error(), "may not show a charge made in the last 1m0s") {
+		t.Fatalf("discard of a dead letter younger than the search lag: %v, want refused", err)
+	}
 	// The worker cannot ask the provider whether it charged: no discard.
-	if _, err := w.DiscardDeadLetter(context.Background(), dls[0].ID); err == nil || !strings.Contains(err.Error(), "cannot tell whether the provider charged") {
+	noLag, err := settle.New(r.db, nil, wrongKey, nil, settle.Config{ProviderSearchLag: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := noLag.DiscardDeadLetter(context.Background(), dls[0].ID); err == nil || !strings.Contains(err.Error(), "cannot tell whether the provider charged") {
 		t.Fatalf("discard with a key the provider refuses: %v, want refused", err)
 	}
 	if s, _, _ := r.get(t, id); s != "payment_pending" {
@@ -412,7 +421,7 @@ func TestPermanentFailureIsDeadLetteredAndRetried(t *testing.T) {
 	// With the right key, the retry charges; here the operator discards
 	// instead: the provider holds no charge under the intent's key, so
 	// the attempt is recorded as declined and the order can be paid again.
-	fixed, err := settle.New(r.db, nil, r.rightProvider(t), nil, settle.Config{})
+	fixed, err := settle.New(r.db, nil, r.rightProvider(t), nil, settle.Config{ProviderSearchLag: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,7 +477,7 @@ func TestADiscardOfAChargeTheProviderMadeIsRefused(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, fakepsp.Faults{})
 	r.provider = chargedButRefused{r.provider}
-	w, _ := r.start(t, settle.Config{})
+	w, _ := r.start(t, settle.Config{ProviderSearchLag: -1})
 	id := r.order(t)
 	r.pay(t, id, domain.DefaultPaymentMethod)
 	r.publish(t, id, domain.TypePaymentRequested, 0)

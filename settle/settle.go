@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/google/uuid"
@@ -274,11 +275,15 @@ func New(db postgres.DB, js jetstream.JetStream, provider Provider, logger *slog
 	return &Worker{db: db, js: js, provider: provider, logger: logger, cfg: cfg}, nil
 }
 
-// backoff is the delay of the next try after the delivery-th failed delivery.
+// backoff is the delay of the next try after the delivery-th failed
+// delivery: MinBackoff doubled per delivery up to MaxBackoff, less up to a
+// quarter at random, so that the intents an outage failed together do not
+// all call the provider again in the same instant when it is back.
 func (w *Worker) backoff(delivery uint64) time.Duration {
 	d := w.cfg.MinBackoff
 	for i := uint64(1); i < delivery && d < w.cfg.MaxBackoff; i++ {
 		d *= 2
 	}
-	return min(d, w.cfg.MaxBackoff)
+	d = min(d, w.cfg.MaxBackoff)
+	return d - rand.N(d/4+1)
 }

@@ -93,6 +93,7 @@ func createdBefore(existing uuid.UUID) error {
 		Kind:       domain.KindConflict,
 		Message:    "an order was already created with this Idempotency-Key; its key record has expired",
 		ResourceID: existing.String(),
+		Err:        domain.ErrKeyRanBefore,
 	}
 }
 

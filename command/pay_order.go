@@ -16,7 +16,11 @@ import (
 // fingerprint is taken). Its JSON encoding is its canonical form for the
 // idempotency fingerprint.
 type PayOrder struct {
-	TenantID      string    `json:"-"`
+	TenantID string `json:"-"`
+	// Key is the request's Idempotency-Key: the order keeps it with the
+	// attempt it starts (order_requests), so that no retry after the key's
+	// record expired starts another.
+	Key           string    `json:"-"`
 	OrderID       uuid.UUID `json:"order_id"`
 	PaymentMethod string    `json:"payment_method"`
 	// ExpectedVersion, if not 0, is the version the change was made on
@@ -51,7 +55,7 @@ func (h PayOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderRe
 }
 
 func (h PayOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd PayOrder) (domain.Order, bool, error) {
-	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
+	return changeKept(ctx, tx, cmd.TenantID, cmd.OrderID, requestPay, cmd.Key, func(o *domain.Order) (domain.Event, error) {
 		if err := checkExpected(o, cmd.ExpectedVersion); err != nil {
 			return nil, err
 		}

@@ -13,7 +13,11 @@ import (
 // UpdateOrder changes the details of a pending or paid order that the
 // caller saw at ExpectedVersion.
 type UpdateOrder struct {
-	TenantID        string    `json:"-"`
+	TenantID string `json:"-"`
+	// Key is the request's Idempotency-Key: the order keeps it with the
+	// version it makes (order_requests), so that a retry after the key's
+	// record expired is told it ran (409), not that it did not (412).
+	Key             string    `json:"-"`
 	OrderID         uuid.UUID `json:"order_id"`
 	ExpectedVersion int64     `json:"expected_version"`
 	domain.Patch
@@ -41,7 +45,7 @@ func (h UpdateOrderHandler) Run(ctx context.Context, idem *Idempotency, req Orde
 }
 
 func (h UpdateOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd UpdateOrder) (domain.Order, bool, error) {
-	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
+	return changeKept(ctx, tx, cmd.TenantID, cmd.OrderID, requestUpdate, cmd.Key, func(o *domain.Order) (domain.Event, error) {
 		return o.Update(cmd.Patch, cmd.ExpectedVersion, h.now())
 	})
 }

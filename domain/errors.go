@@ -65,6 +65,13 @@ func (e *Error) Unwrap() error { return e.Err }
 // charge), or above MaxChargeAmount.
 var ErrAmountNotChargeable = errors.New("amount not chargeable")
 
+// ErrKeyRanBefore is wrapped by the KindConflict *Error of a command whose
+// Idempotency-Key ran before, on the same resource, after the key's record
+// expired: a create whose key created an order, a pay or update whose key
+// changed the order. It is never stored under the key: each late retry is
+// answered from the resource anew.
+var ErrKeyRanBefore = errors.New("idempotency key ran before")
+
 func (e *Error) Error() string {
 	if len(e.Fields) == 0 {
 		return e.Message

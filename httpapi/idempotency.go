@@ -162,6 +162,13 @@ func refusal(r *http.Request, err error) (command.Response, error) {
 		// Refused for now (a payment settling): said so, never stored.
 		h["Retry-After"], resp.Unstored = p.header.Get("Retry-After"), true
 	}
+	if errors.Is(err, domain.ErrKeyRanBefore) {
+		// The key ran before its record expired (a late retry): answered
+		// from the order each time, never stored, so that no other
+		// request under the key takes it over, and what the step wrote
+		// now is rolled back.
+		resp.Unstored = true
+	}
 	if errors.Is(err, domain.ErrAmountNotChargeable) {
 		// Bad input found only once the order is read: like any other
 		// it writes nothing, not even the key (a retry is refused again:

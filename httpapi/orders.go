@@ -197,7 +197,7 @@ func (s *Server) payOrder(w http.ResponseWriter, r *http.Request) {
 	if !s.decodeOptional(w, r, &req) {
 		return
 	}
-	cmd := command.PayOrder{TenantID: tenantOf(r), OrderID: id, PaymentMethod: domain.DefaultPaymentMethod}
+	cmd := command.PayOrder{TenantID: tenantOf(r), Key: key, OrderID: id, PaymentMethod: domain.DefaultPaymentMethod}
 	if req.PaymentMethod != nil {
 		cmd.PaymentMethod = *req.PaymentMethod
 	}
@@ -273,7 +273,7 @@ func (s *Server) updateOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, s.Logger, p, nil)
 		return
 	}
-	cmd := command.UpdateOrder{TenantID: tenantOf(r), OrderID: id, ExpectedVersion: version}
+	cmd := command.UpdateOrder{TenantID: tenantOf(r), Key: key, OrderID: id, ExpectedVersion: version}
 	var bad []domain.FieldError
 	if req.ShippingAddress != nil {
 		cmd.SetShippingAddress = true

@@ -1,0 +1,99 @@
+package command
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/acme/orders/domain"
+)
+
+// The steps whose Idempotency-Key an order keeps for good (order_requests):
+// those a late retry would run again (a pay of a declined order starts a
+// new charge attempt) or be told wrongly did not run (an update, 412).
+const (
+	requestPay    = "pay"
+	requestUpdate = "update"
+)
+
+const (
+	// orderRequestInsertSQL keeps the key of a step that changed an order;
+	// 0 rows: the key changed it before.
+	orderRequestInsertSQL = `
+INSERT INTO order_requests (tenant_id, order_id, scope, idempotency_key, version) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT DO NOTHING`
+	orderRequestGetSQL = `
+SELECT version FROM order_requests WHERE tenant_id = $1 AND order_id = $2 AND scope = $3 AND idempotency_key = $4`
+)
+
+// changeKept is changeOrder for a step (scope) sent under the
+// Idempotency-Key key, which the order keeps for good when the step
+// changes it. A key it kept before (its key row has expired since: a
+// live one replays without running the step) is refused with ranBefore,
+// whatever the step would do now: run again, or be refused because the
+// first run changed the order (a version or state it no longer has).
+// The refusal wraps domain.ErrKeyRanBefore, which is never stored: the
+// caller rolls back what the step wrote. An empty key (a command run
+// without one, by a test or a tool) keeps nothing.
+func changeKept(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, scope, key string,
+	change func(*domain.Order) (domain.Event, error)) (domain.Order, bool, error) {
+	o, err := orderGetForUpdate(ctx, tx, tenantID, id)
+	if err != nil {
+		return domain.Order{}, false, err
+	}
+	if key == "" {
+		return changeLoaded(ctx, tx, o, oneEvent(change), nil)
+	}
+	var keptBefore bool
+	out, changed, err := changeLoaded(ctx, tx, o, oneEvent(change), func(b *pgx.Batch, o domain.Order) {
+		b.Queue(orderRequestInsertSQL, o.TenantID, o.ID, scope, key, o.Version).Exec(func(tag pgconn.CommandTag) error {
+			keptBefore = tag.RowsAffected() == 0
+			return nil
+		})
+	})
+	switch kind := domain.KindOf(err); {
+	case err == nil && !keptBefore:
+		return out, changed, nil
+	case err == nil, kind == domain.KindConflict, kind == domain.KindPreconditionFailed:
+		version, found, lerr := keptRequest(ctx, tx, tenantID, id, scope, key)
+		switch {
+		case lerr != nil:
+			return domain.Order{}, false, lerr
+		case found:
+			return domain.Order{}, false, ranBefore(o, scope, version)
+		case err == nil: // cannot be: the insert found the key
+			return domain.Order{}, false, fmt.Errorf("order %s: key of %s kept and not found", id, scope)
+		}
+	}
+	return out, changed, err
+}
+
+// keptRequest returns the version the step scope under key made of order
+// id, if the order kept that key.
+func keptRequest(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, scope, key string) (version int64, found bool, err error) {
+	err = tx.QueryRow(ctx, orderRequestGetSQL, tenantID, id, scope, key).Scan(&version)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("look up the key of a %s of order %s: %w", scope, id, err)
+	}
+	return version, true, nil
+}
+
+// ranBefore is the refusal of a step whose key changed order o before,
+// to version.
+func ranBefore(o domain.Order, scope string, version int64) error {
+	return &domain.Error{
+		Kind: domain.KindConflict,
+		Message: fmt.Sprintf("this Idempotency-Key already ran a %s of this order, which made its version %d; its key record has expired, so that response cannot be replayed: read the order",
+			scope, version),
+		ResourceID: o.ID.String(),
+		State:      string(o.Status),
+		Err:        domain.ErrKeyRanBefore,
+	}
+}

@@ -1,0 +1,90 @@
+package httpapi_test
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// A retry that comes after its key's record expired never runs again and
+// is never told it did not run: the order keeps the keys of its create,
+// pays and updates, and each late retry gets 409 with the order's
+// Location, answered anew each time (never stored, so that no other
+// request under the key takes it over).
+func TestALateRetryIsToldItsKeyRanBefore(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	created := decodeOrder(t, a.post(t, "late-create", validBody))
+	path := "/v1/orders/" + created.ID
+	expireKeys := func() {
+		t.Helper()
+		if _, err := a.db.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func() (version int64, requests, keys int) {
+		t.Helper()
+		if err := a.db.QueryRow(context.Background(), `SELECT (SELECT version FROM orders WHERE id = $1),
+			(SELECT count(*) FROM outbox WHERE event_type = 'payment.requested'),
+			(SELECT count(*) FROM idempotency_keys WHERE expires_at > now())`, created.ID).Scan(&version, &requests, &keys); err != nil {
+			t.Fatal(err)
+		}
+		return version, requests, keys
+	}
+	lateRetry := func(what string, r func() response) {
+		t.Helper()
+		v, n, k := state()
+		for range 2 {
+			res := r()
+			p := decodeProblem(t, res)
+			if res.status != http.StatusConflict || res.header.Get("Location") != path || res.header.Get("Idempotent-Replayed") != "" ||
+				!strings.Contains(p.Detail, "already") || !strings.Contains(p.Detail, "expired") {
+				t.Fatalf("late retry of the %s: %d %v %s; want 409 naming the order", what, res.status, res.header, res.body)
+			}
+			if v2, n2, k2 := state(); v2 != v || n2 != n || k2 != k {
+				t.Fatalf("late retry of the %s wrote: version %d→%d, payment requests %d→%d, live keys %d→%d", what, v, v2, n, n2, k, k2)
+			}
+		}
+	}
+	pay := func(key string) response {
+		return a.do(t, http.MethodPost, path+"/pay", map[string]string{"Idempotency-Key": key}, `{"payment_method":"pm_card_chargeDeclined"}`)
+	}
+
+	// A pay whose attempt was declined: its late retry starts no second attempt.
+	if r := pay("late-pay"); r.status != 202 {
+		t.Fatalf("pay: %d %s", r.status, r.body)
+	}
+	a.charge(t, created.ID, false)
+	expireKeys()
+	lateRetry("pay", func() response { return pay("late-pay") })
+	// Nor after another key paid (and was declined) in between.
+	if r := pay("late-pay-2"); r.status != 202 {
+		t.Fatalf("pay with a new key: %d %s", r.status, r.body)
+	}
+	a.charge(t, created.ID, false)
+	expireKeys()
+	lateRetry("first pay, after a second", func() response { return pay("late-pay") })
+
+	// An update: told it ran, not 412 "not applied".
+	v, _, _ := state()
+	patch := func() response {
+		return a.do(t, http.MethodPatch, path, map[string]string{"Idempotency-Key": "late-patch", "If-Match": `"` + strconv.FormatInt(v, 10) + `"`}, `{"note":"leave at the door"}`)
+	}
+	if r := patch(); r.status != 200 {
+		t.Fatalf("patch: %d %s", r.status, r.body)
+	}
+	expireKeys()
+	lateRetry("update", patch)
+
+	// A create: another body under its key is refused without being
+	// stored, so the original request's own late retry is not told it
+	// mismatches.
+	other := strings.Replace(validBody, `"c-1"`, `"c-other"`, 1)
+	if other == validBody {
+		t.Fatal("validBody has no customer c-1")
+	}
+	lateRetry("create, with another body", func() response { return a.post(t, "late-create", other) })
+	lateRetry("create", func() response { return a.post(t, "late-create", validBody) })
+}

@@ -109,7 +109,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		// encoding/json reports unknown fields only in its message.
 		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return bad("The body has a field this endpoint does not know.", domain.FieldError{Field: field, Detail: "unknown field"})
+		return bad("The body has a field this endpoint does not know.", domain.FieldError{Field: clip(field, maxFieldPath), Detail: "unknown field"})
 	default:
 		return bad("The body could not be read as JSON: " + err.Error() + ".")
 	}

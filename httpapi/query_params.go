@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -8,6 +9,9 @@ import (
 
 	"github.com/acme/orders/domain"
 )
+
+// maxNamedParams is how many bad query parameters one problem names.
+const maxNamedParams = 10
 
 // singleQueryValues refuses a query string that says something twice or
 // nothing at all, with 400 invalid-parameter naming the parameter: one
@@ -43,6 +47,14 @@ func (s *Server) singleQueryValues(next http.Handler) http.Handler {
 			}
 		}
 		if len(fields) > 0 {
+			// A problem names at most maxNamedParams of them, each
+			// clipped: a query string may hold thousands (up to the
+			// header limit), and the answer must stay small.
+			more := len(fields) - maxNamedParams
+			fields = fields[:min(len(fields), maxNamedParams)]
+			for i := range fields {
+				fields[i].Field = clip(fields[i].Field, maxFieldPath)
+			}
 			p := invalidParam(fields[0].Field, fields[0].Detail)
 			p.Errors = fields
 			if len(fields) > 1 {
@@ -50,7 +62,11 @@ func (s *Server) singleQueryValues(next http.Handler) http.Handler {
 				for _, f := range fields {
 					all = append(all, f.Field)
 				}
-				p.Detail = "The query parameters " + strings.Join(all, ", ") + " are each given more than once or empty."
+				list := strings.Join(all, ", ")
+				if more > 0 {
+					list += fmt.Sprintf(" and %d more", more)
+				}
+				p.Detail = "The query parameters " + list + " are each given more than once or empty."
 			}
 			writeProblem(w, r, s.Logger, p, nil)
 			return

@@ -44,9 +44,12 @@ func (s *Server) routes() http.Handler {
 
 	r.Route("/v1", func(r chi.Router) {
 		// Authenticate first (a forged token takes no slot), then the
-		// tenant's own limits, then the global net; bodies are read last,
-		// under their deadline, so a slow body holds a slot only that long.
-		r.Use(s.authenticate, s.singleQueryValues, s.limitTenant, s.limitInFlight, s.readBody)
+		// tenant's own limits, then the global net; then the request's own
+		// checks, so that a flood of bad requests is shed like any other
+		// (before them, a refused query string cost no token and took no
+		// slot); bodies are read last, under their deadline, so a slow
+		// body holds a slot only that long.
+		r.Use(s.authenticate, s.limitTenant, s.limitInFlight, s.singleQueryValues, s.readBody)
 		r.Post("/orders", s.createOrder)
 		r.Get("/orders", s.listOrders)
 		r.Get("/orders/{id}", s.getOrder)

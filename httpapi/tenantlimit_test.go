@@ -143,6 +143,54 @@ func TestTenantRateLimit(t *testing.T) {
 	}
 }
 
+// A request refused for its query string counts towards its tenant's
+// rate like any other: a flood of them is shed with 429, not answered 400
+// for free (each costing the parse and the answer), while another tenant
+// is served. The answer names at most ten parameters, however many.
+func TestBadQueryStringsCountTowardsTheTenantsRate(t *testing.T) {
+	t.Parallel()
+	a := newLimitedAPI(t, httpapi.TenantLimitConfig{Rate: 0.5, Burst: 2}, 0, 0)
+	noisy, quiet := a.token(t, "noisy"), a.token(t, "quiet")
+	var q strings.Builder
+	for i := range 1000 {
+		fmt.Fprintf(&q, "p%d=&", i)
+	}
+	bad := "/v1/orders?" + strings.TrimSuffix(q.String(), "&")
+	for i := range 2 {
+		if st, typ, _ := a.get(t, bad, bearer(noisy)); st != 400 || typ != "invalid-parameter" {
+			t.Fatalf("bad request %d within the burst: %d %s, want 400 invalid-parameter", i, st, typ)
+		}
+	}
+	if st, typ, _ := a.get(t, bad, bearer(noisy)); st != 429 || typ != "tenant-rate-limited" {
+		t.Fatalf("bad request past the burst: %d %s, want 429 tenant-rate-limited", st, typ)
+	}
+	if st, typ, _ := a.get(t, "/v1/orders", bearer(quiet)); st != 200 {
+		t.Fatalf("the other tenant: %d %s, want 200", st, typ)
+	}
+
+	// The answer stays small.
+	req, err := http.NewRequest(http.MethodGet, a.url+bad, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = bearer(quiet)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var p struct {
+		Detail string
+		Errors []struct{ Field string }
+	}
+	if err := json.NewDecoder(res.Body).Decode(&p); err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != 400 || len(p.Errors) != 10 || p.Errors[0].Field != "p0" || !strings.HasSuffix(p.Detail, "and 990 more are each given more than once or empty.") {
+		t.Fatalf("1000 empty parameters: %d, %d errors, detail %q; want 400 naming ten and counting the rest", res.StatusCode, len(p.Errors), p.Detail)
+	}
+}
+
 // A tenant at its in-flight limit, or at its limit of waiting
 // read-your-writes readers, gets 429 tenant-overloaded with Retry-After;
 // another tenant is served meanwhile.

@@ -17,6 +17,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/acme/orders/auth"
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/httpapi"
@@ -32,6 +34,7 @@ type limitedAPI struct {
 	tenants *httpapi.TenantLimits
 	global  *httpapi.InFlightLimit
 	clients *auth.Clients
+	db      *pgxpool.Pool
 }
 
 func newLimitedAPI(t *testing.T, cfg httpapi.TenantLimitConfig, global int, bodyTimeout time.Duration) limitedAPI {
@@ -64,7 +67,7 @@ func newLimitedAPILogging(t *testing.T, cfg httpapi.TenantLimitConfig, global in
 		InFlight:   inFlight, Tenants: tenants, BodyTimeout: bodyTimeout,
 	})))
 	t.Cleanup(srv.Close)
-	return limitedAPI{url: srv.URL, tenants: tenants, global: inFlight, clients: clients}
+	return limitedAPI{url: srv.URL, tenants: tenants, global: inFlight, clients: clients, db: db}
 }
 
 func (a limitedAPI) token(t *testing.T, tenant string) string {
@@ -188,6 +191,42 @@ func TestBadQueryStringsCountTowardsTheTenantsRate(t *testing.T) {
 	}
 	if res.StatusCode != 400 || len(p.Errors) != 10 || p.Errors[0].Field != "p0" || !strings.HasSuffix(p.Detail, "and 990 more are each given more than once or empty.") {
 		t.Fatalf("1000 empty parameters: %d, %d errors, detail %q; want 400 naming ten and counting the rest", res.StatusCode, len(p.Errors), p.Detail)
+	}
+}
+
+// A response costs its tenant a token per BytesPerToken bytes besides the
+// request's one, taken after it is sent: a tenant asking for large pages
+// within its request rate waits for what they cost, while another tenant
+// is served; small responses cost one token each.
+func TestLargeResponsesCostTheirTenantMoreTokens(t *testing.T) {
+	t.Parallel()
+	a := newLimitedAPI(t, httpapi.TenantLimitConfig{Rate: 1, Burst: 30, BytesPerToken: 1024}, 0, 0)
+	heavy, quiet := a.token(t, "heavy"), a.token(t, "quiet")
+	// 100 orders of 20 items in heavy's read model: a page of them is
+	// about 100 KiB, 100 tokens' worth, so it costs the whole burst.
+	if _, err := a.db.Exec(context.Background(), `
+INSERT INTO order_views (tenant_id, order_id, customer_id, status, currency, items, total, version, created_at, updated_at)
+SELECT 'heavy', gen_random_uuid(), 'c-1', 'pending', 'EUR',
+       (SELECT jsonb_agg(jsonb_build_object('sku', 'sku-' || j, 'quantity', 1, 'unit_price', 100, 'line_total', 100)) FROM generate_series(1, 20) j),
+       2000, 1, now() - make_interval(secs => i), now()
+FROM generate_series(1, 100) i`); err != nil {
+		t.Fatal(err)
+	}
+	// Small answers cost a token each: 20 of them fit the burst of 30.
+	for i := range 20 {
+		if st, typ, _ := a.get(t, "/v1/orders?limit=1&status=shipped", bearer(quiet)); st != 200 {
+			t.Fatalf("small read %d of the quiet tenant: %d %s", i, st, typ)
+		}
+	}
+	if st, typ, _ := a.get(t, "/v1/orders?limit=100", bearer(heavy)); st != 200 {
+		t.Fatalf("heavy's first page: %d %s", st, typ)
+	}
+	st, typ, retry := a.get(t, "/v1/orders?limit=1", bearer(heavy))
+	if n, _ := strconv.Atoi(retry); st != 429 || typ != "tenant-rate-limited" || n < 2 {
+		t.Fatalf("heavy's read after a page that cost its burst: %d %s Retry-After %q; want 429 tenant-rate-limited, seconds to pay it back", st, typ, retry)
+	}
+	if st, typ, _ := a.get(t, "/v1/orders?limit=1&status=shipped", bearer(quiet)); st != 200 {
+		t.Fatalf("the quiet tenant meanwhile: %d %s, want 200", st, typ)
 	}
 }
 

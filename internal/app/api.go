@@ -86,7 +86,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	var expires *time.Duration
 	var relay, acceptLegacy *bool
 	var replicas, poolSize, maxInFlight, maxConns, relayPartitions, relayWorkers, relayBatch, relayMinAtomic *int
-	var tenantInFlight, tenantWaiting, tenantRate, tenantBurst, tenantDBShare, createGroupSlots *int
+	var tenantInFlight, tenantWaiting, tenantRate, tenantBurst, tenantBytes, tenantDBShare, createGroupSlots *int
 	var bodyTimeout, tokenCacheTTL *time.Duration
 	var relayRetention *time.Duration
 	var keyTTL, keyWait, janitorEvery, keyQuotaRefresh *time.Duration
@@ -115,6 +115,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		tenantWaiting = env.Int(fs, "tenant-max-waiting", "TENANT_MAX_WAITING", httpapi.DefaultTenantMaxWaiting, "most reads with min_version or min_position of one tenant in flight at once (at most -tenant-max-in-flight)")
 		tenantRate = env.Int(fs, "tenant-rate", "TENANT_RATE", int(httpapi.DefaultTenantRate), "requests per second of one tenant (token bucket); its excess gets 429 tenant-rate-limited")
 		tenantBurst = env.Int(fs, "tenant-burst", "TENANT_BURST", httpapi.DefaultTenantBurst, "token bucket size of -tenant-rate")
+		tenantBytes = env.Int(fs, "tenant-bytes-per-token", "TENANT_BYTES_PER_TOKEN", httpapi.DefaultTenantBytesPerToken,
+			"a response costs its tenant one more token of -tenant-rate per this many bytes, taken after it is sent")
 		bodyTimeout = env.Duration(fs, "body-timeout", "BODY_TIMEOUT", httpapi.DefaultBodyTimeout, "how long a request body may take to arrive; slower ones get 408")
 		tokenCacheTTL = env.Duration(fs, "token-cache-ttl", "TOKEN_CACHE_TTL", auth.DefaultCacheTTL, "how long a token's tenant is cached fresh: a token revoked elsewhere works here this long plus one background re-read")
 		acceptLegacy = env.Bool(fs, "accept-legacy-tokens", "ACCEPT_LEGACY_TOKENS", false, "accept tokens made before tokens had a checksum (each forged one then costs a database query)")
@@ -156,6 +158,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		c.relayBatch, c.relayMinAtomic = *relayBatch, *relayMinAtomic
 		c.tenantLimits = httpapi.TenantLimitConfig{
 			MaxInFlight: *tenantInFlight, MaxWaiting: *tenantWaiting, Rate: float64(*tenantRate), Burst: *tenantBurst,
+			BytesPerToken: *tenantBytes,
 		}
 		c.bodyTimeout, c.tokenCacheTTL, c.acceptLegacyTokens = *bodyTimeout, *tokenCacheTTL, *acceptLegacy
 		c.tenantDBShare = *tenantDBShare // 0: from the pool's size, once it is open
@@ -190,6 +193,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-tenant-max-waiting must be 1 to -tenant-max-in-flight (%d), got %d", c.tenantLimits.MaxInFlight, c.tenantLimits.MaxWaiting)
 		case c.tenantLimits.Rate < 1 || c.tenantLimits.Burst < 1:
 			return c, fmt.Errorf("-tenant-rate and -tenant-burst must be at least 1, got %v and %d", c.tenantLimits.Rate, c.tenantLimits.Burst)
+		case c.tenantLimits.BytesPerToken < 1024:
+			return c, fmt.Errorf("-tenant-bytes-per-token must be at least 1024 (one token per response KiB at most), got %d", c.tenantLimits.BytesPerToken)
 		case c.bodyTimeout <= 0:
 			return c, fmt.Errorf("-body-timeout must be positive, got %s", c.bodyTimeout)
 		case c.tokenCacheTTL <= 0:

@@ -197,7 +197,15 @@ func (r *Runner) resolve(ctx context.Context, id int64, status string) (applied 
 				// that order is parked behind it.
 				return nil
 			}
-			if pos != e.env.AggregateVersion-1 {
+			switch {
+			case pos >= e.env.AggregateVersion:
+				// Past it already: a rebuild since applied it (or skipped
+				// it). Marked discarded, the next rebuild would skip an
+				// event this read model holds; a retry resolves it as the
+				// duplicate it now is, and applies what is parked behind.
+				return fmt.Errorf("dead letter %d is version %d but the projection is past it, at version %d of that order (a rebuild applied it since): retry it instead, which resolves it without applying it twice",
+					id, e.env.AggregateVersion, pos)
+			case pos != e.env.AggregateVersion-1:
 				return fmt.Errorf("dead letter %d is version %d but the projection is at version %d of that order: resolve the earlier version first",
 					id, e.env.AggregateVersion, pos)
 			}

@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -227,5 +228,46 @@ func TestAParkedEventThatFailsDoesNotUndoTheResolutionBeforeIt(t *testing.T) {
 	}
 	if v, _ := f.view(t, envs[0].AggregateID); v != 1 {
 		t.Errorf("view at version %d, want 1 (v2 and v3 discarded)", v)
+	}
+}
+
+// A rebuild after a projection bug was fixed applies the dead-lettered v2
+// and the v3 parked behind it. A discard of v2 then is refused with the
+// advice that works (retry), not "resolve the earlier version first"
+// (there is none); marked discarded, v2 would be skipped by the next
+// rebuild though this read model holds it. The retry resolves both
+// without applying anything twice.
+func TestADiscardOfADeadLetterARebuildAppliedSaysRetry(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	ctx := context.Background()
+	evs := orderEvents(t, "t1", "c-1")
+	for _, e := range evs {
+		f.logEvent(t, e)
+	}
+	open := f.parkedRow(t, evs[1], statusOpen, "permanent failure (no retry can fix it): bug", 1)
+	f.parkedRow(t, evs[2], statusParked, reasonBehindOpen, 1)
+	if _, err := f.db.Exec(ctx, `UPDATE dead_letters SET next_attempt_at = NULL WHERE status = 'parked'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.runner.Rebuild(ctx); err != nil {
+		t.Fatal(err)
+	}
+	last := evs[len(evs)-1].AggregateVersion
+	if v := f.count(t, `SELECT version FROM order_views WHERE order_id = $1`, evs[0].AggregateID); int64(v) != last {
+		t.Fatalf("view at version %d after the rebuild, want %d", v, last)
+	}
+	_, err := f.runner.DiscardDeadLetter(ctx, open)
+	if err == nil || !strings.Contains(err.Error(), "retry it instead") {
+		t.Fatalf("discard of a dead letter the rebuild applied: %v, want the advice to retry it", err)
+	}
+	if n, err := f.runner.RetryDeadLetter(ctx, open); err != nil || n != 0 {
+		t.Fatalf("retry: %d applied, %v; want 0 (both applied by the rebuild)", n, err)
+	}
+	if n := f.count(t, `SELECT count(*) FROM dead_letters WHERE status IN ('open', 'parked')`); n != 0 {
+		t.Fatalf("%d dead letters still open or parked after the retry", n)
+	}
+	if v := f.count(t, `SELECT version FROM order_views WHERE order_id = $1`, evs[0].AggregateID); int64(v) != last {
+		t.Fatalf("view at version %d after the retry, want %d", v, last)
 	}
 }

@@ -10,8 +10,12 @@ import (
 	"github.com/acme/orders/domain"
 )
 
-// maxNamedParams is how many bad query parameters one problem names.
-const maxNamedParams = 10
+// maxNamedParams is how many bad query parameters one problem names, and
+// maxQueryParams how many a query string may hold at all.
+const (
+	maxNamedParams = 10
+	maxQueryParams = 32
+)
 
 // singleQueryValues refuses a query string that says something twice or
 // nothing at all, with 400 invalid-parameter naming the parameter: one
@@ -23,6 +27,14 @@ func (s *Server) singleQueryValues(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.RawQuery == "" {
 			next.ServeHTTP(w, r)
+			return
+		}
+		if n := strings.Count(r.URL.RawQuery, "&") + strings.Count(r.URL.RawQuery, ";") + 1; n > maxQueryParams {
+			// No route takes more than a handful: refused before
+			// parsing thousands of them.
+			p := problem(http.StatusBadRequest, "invalid-parameter", "Invalid query parameter",
+				fmt.Sprintf("The query string has %d parameters; no endpoint takes more than %d.", n, maxQueryParams))
+			writeProblem(w, r, s.Logger, p, nil)
 			return
 		}
 		values, err := url.ParseQuery(r.URL.RawQuery)

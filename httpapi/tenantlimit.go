@@ -280,7 +280,9 @@ func (s *Server) limitTenant(next http.Handler) http.Handler {
 			return
 		}
 		cw := &countingWriter{ResponseWriter: w}
-		defer func() { release(cw.written) }()
+		// Priced as its response and its target (a query string may run
+		// to the header limit, 64 KiB, parsed and checked each time).
+		defer func() { release(cw.written + int64(len(r.RequestURI))) }()
 		next.ServeHTTP(cw, r)
 	})
 }

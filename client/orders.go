@@ -138,7 +138,9 @@ func (c *Client) CreateOrder(ctx context.Context, o NewOrder, opts ...CallOption
 // server's default): 202 when it started one (the charge happens later;
 // wait for version Version+1 to see its outcome), 200 with the order as it
 // is when a payment is under way or done (WithMeta's Status tells them
-// apart). A shipped or cancelled order is a conflict.
+// apart). A shipped or cancelled order is a conflict; so is a late retry
+// of an expired key whose pay started an attempt (ConflictLocation names
+// the order: read it, its attempt is not started again).
 func (c *Client) PayOrder(ctx context.Context, id, paymentMethod string, opts ...CallOption) (*Order, error) {
 	var body any = struct{}{}
 	if paymentMethod != "" {
@@ -169,6 +171,8 @@ func (c *Client) CancelOrder(ctx context.Context, id, reason string, opts ...Cal
 // UpdateOrder changes the shipping address and/or note of the order at
 // version (If-Match). Another current version is a precondition-failed
 // *Problem (IsPreconditionFailed): read the order again and decide anew.
+// A late retry of an expired key whose update ran gets a conflict naming
+// the order (ConflictLocation), not a precondition-failed.
 func (c *Client) UpdateOrder(ctx context.Context, id string, version int64, u OrderUpdate, opts ...CallOption) (*Order, error) {
 	h := http.Header{
 		"If-Match":     {`"` + strconv.FormatInt(version, 10) + `"`},

@@ -170,8 +170,9 @@ func IsViewBehind(err error) bool { return isType(err, TypeViewBehind) }
 func IsVersionNotWritten(err error) bool { return isType(err, TypeVersionNotWritten) }
 
 // IsConflict reports whether err is a 409 conflict: a step the order can
-// no longer take (CurrentStatus), or a late retry of an expired key whose
-// order exists (ResourceID and Location name it; see ConflictLocation).
+// no longer take (CurrentStatus), or a late retry of an expired key that
+// created or changed an order (a create, pay or update: ResourceID and
+// Location name it; see ConflictLocation).
 func IsConflict(err error) bool { return isType(err, TypeConflict) }
 
 // ConflictLocation returns the Location and resource id of the existing

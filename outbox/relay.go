@@ -6,8 +6,10 @@
 // listener all its workers share); any number
 // of relays may run, and the partitions a relay gives up (it stops, crashes
 // or loses its connection, which drops its locks) are taken over by the
-// others within TakeoverInterval. Only the owner publishes a partition, in
-// seq order, so an aggregate's events leave in version order.
+// others within TakeoverInterval, or two when every other relay is at its
+// cap (Config.MaxPartitions), which a relay then exceeds until a relay with
+// room wants its extras back. Only the owner publishes a partition, in seq
+// order, so an aggregate's events leave in version order.
 //
 // In one transaction on that connection the relay claims the oldest
 // unpublished rows of its partitions, publishes them with Nats-Msg-Id set to
@@ -91,16 +93,24 @@ type Config struct {
 	// AckTimeout bounds the wait for all PubAcks of a batch; default
 	// DefaultAckTimeout.
 	AckTimeout time.Duration
-	// MaxPartitions caps how many partitions this relay owns (to spread
-	// them over several relays), 1 to Partitions; default all.
+	// MaxPartitions is how many partitions this relay publishes while
+	// other relays have room for the rest (to spread them over several
+	// relays), 1 to Partitions; default all. It is a share, not a wall: a
+	// relay at its cap takes the partitions that stayed free for a whole
+	// TakeoverInterval (no relay with room took them, as when all the
+	// others are capped and one stops), and gives those extras back as
+	// soon as a relay with room wants them (it returns, or another
+	// starts). Each of its workers keeps to its share of the cap.
 	MaxPartitions int
 	// Workers is how many workers share this relay's partitions, each on
 	// its own connection, so that one claims and marks in the database
 	// while another waits for PubAcks; 1 to MaxPartitions, default
 	// DefaultWorkers.
 	Workers int
-	// TakeoverInterval is how often a relay tries to take partitions nobody
-	// owns; default DefaultTakeoverInterval.
+	// TakeoverInterval is how often a relay below its cap tries to take
+	// partitions nobody owns, and one at or above it looks whether to take
+	// them anyway or give its extras back (MaxPartitions); default
+	// DefaultTakeoverInterval.
 	TakeoverInterval time.Duration
 	// Retention keeps published rows (the event log that rebuilds read)
 	// this long before they are pruned; 0 keeps them for good.
@@ -214,8 +224,10 @@ type worker struct {
 	wake          chan struct{}
 
 	conn       *pgx.Conn // holds the partition locks
-	owned      []int16
-	lastTake   time.Time
+	owned      []int16   // the first maxPartitions are its share, the rest extras
+	lastLook   time.Time // when it last rebalanced its partitions
+	wanting    bool      // it holds the shared lock (wantClass, 0): it has room
+	seenFree   []int16   // the partitions nobody owned at its last look, when full
 	ownedCount atomic.Int64
 	lingers    atomic.Int64
 }

@@ -4,12 +4,46 @@ package outbox
 // internal/bench renders the claim and the mark into the pgbench script that
 // measures the database ceiling of a relay batch, so the two cannot drift.
 const (
-	// PartitionsTakeSQL takes up to $4 of the partitions 0…$1-1 not in $2
-	// whose advisory lock ($3, partition) is free.
+	// PartitionsTakeSQL takes up to $3 of the partitions $1, in order,
+	// whose advisory lock ($2, partition) is free.
 	PartitionsTakeSQL = `
-SELECT p::smallint FROM generate_series(0, $1 - 1) AS p
-WHERE NOT p = ANY($2::int[]) AND pg_try_advisory_lock($3, p)
-LIMIT $4`
+SELECT p::smallint FROM unnest($1::int[]) AS p
+WHERE pg_try_advisory_lock($2, p)
+LIMIT $3`
+
+	// PartitionsSurveySQL reads which of the partitions 0…$1-1 nobody
+	// holds the advisory lock ($2, partition) of in this database, and
+	// whether another session that ran a statement in the last $4 seconds
+	// holds the shared lock ($3, 0) of a worker that wants more. pg_locks
+	// shows another database's advisory locks too (the same keys, other
+	// outboxes): they are not ours. A session that has run nothing for
+	// that long (its process frozen, its host paused, while its connection
+	// lives on) would never take what it wants; one whose activity is
+	// hidden (track_activities off, another role) counts as not wanting,
+	// which leaves the partitions with a relay that publishes them.
+	PartitionsSurveySQL = `
+WITH held AS (
+    SELECT classid::int8 AS class, objid::int8 AS key, pid FROM pg_locks
+    WHERE locktype = 'advisory' AND objsubid = 2 AND granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+SELECT
+    ARRAY(SELECT p::smallint FROM generate_series(0, $1 - 1) AS p
+          WHERE NOT EXISTS (SELECT FROM held WHERE class = $2 AND key = p)),
+    EXISTS (SELECT FROM held JOIN pg_stat_activity AS a USING (pid)
+            WHERE class = $3 AND key = 0 AND pid <> pg_backend_pid()
+              AND a.state_change > now() - make_interval(secs => $4))`
+
+	// PartitionsWantSQL says this session wants more partitions: it takes
+	// the shared lock ($1, 0), true if it got it.
+	PartitionsWantSQL = `SELECT pg_try_advisory_lock_shared($1, 0)`
+
+	// PartitionsUnwantSQL says this session wants no more partitions: it
+	// releases the shared lock ($1, 0), true if it held it.
+	PartitionsUnwantSQL = `SELECT pg_advisory_unlock_shared($1, 0)`
+
+	// PartitionsGiveBackSQL releases the advisory locks ($2, partition) of
+	// the partitions $1.
+	PartitionsGiveBackSQL = `SELECT pg_advisory_unlock($2, p) FROM unnest($1::int[]) AS p`
 
 	// OutboxClaimSQL claims the $1 oldest unpublished rows of the
 	// partitions $2, in seq order, with when each was written and its

@@ -120,7 +120,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		bodyTimeout = env.Duration(fs, "body-timeout", "BODY_TIMEOUT", httpapi.DefaultBodyTimeout, "how long a request body may take to arrive; slower ones get 408")
 		tokenCacheTTL = env.Duration(fs, "token-cache-ttl", "TOKEN_CACHE_TTL", auth.DefaultCacheTTL, "how long a token's tenant is cached fresh: a token revoked elsewhere works here this long plus one background re-read")
 		acceptLegacy = env.Bool(fs, "accept-legacy-tokens", "ACCEPT_LEGACY_TOKENS", false, "accept tokens made before tokens had a checksum (each forged one then costs a database query)")
-		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", outbox.DefaultMaxPartitions, fmt.Sprintf("most outbox partitions (of %d) this relay publishes", outbox.Partitions))
+		relayPartitions = env.Int(fs, "relay-partitions", "RELAY_PARTITIONS", outbox.DefaultMaxPartitions, fmt.Sprintf("outbox partitions (of %d) this relay publishes while other relays have room; past it, it takes only those no relay with room takes, and gives them back when one wants them", outbox.Partitions))
 		relayWorkers = env.Int(fs, "relay-workers", "RELAY_WORKERS", outbox.DefaultWorkers, "relay workers in this process (each owns a share of its partitions)")
 		relayBatch = env.Int(fs, "relay-batch", "RELAY_BATCH", outbox.DefaultBatchSize, fmt.Sprintf("outbox rows per relay batch (1 to %d)", outbox.MaxBatchSize))
 		relayMinAtomic = env.Int(fs, "relay-min-atomic-batch", "RELAY_MIN_ATOMIC_BATCH", outbox.DefaultMinAtomicBatch, "fewest events a relay batch holds to go out as one JetStream atomic batch (at least 2; smaller batches go message by message; above -relay-batch: never)")

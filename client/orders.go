@@ -139,8 +139,8 @@ func (c *Client) CreateOrder(ctx context.Context, o NewOrder, opts ...CallOption
 // wait for version Version+1 to see its outcome), 200 with the order as it
 // is when a payment is under way or done (WithMeta's Status tells them
 // apart). A shipped or cancelled order is a conflict; so is a late retry
-// of an expired key whose pay started an attempt (ConflictLocation names
-// the order: read it, its attempt is not started again).
+// of an expired key whose pay started an attempt that was declined since
+// (ConflictLocation names the order: read it; no attempt is started again).
 func (c *Client) PayOrder(ctx context.Context, id, paymentMethod string, opts ...CallOption) (*Order, error) {
 	var body any = struct{}{}
 	if paymentMethod != "" {

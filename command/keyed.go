@@ -2,6 +2,7 @@ package command
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,7 +65,13 @@ func executor[C any](h orderTx[C], cmd C, render Render) Executor {
 			if domain.KindOf(err) == "" {
 				return Response{}, err
 			}
-			return render(Outcome{Refusal: err})
+			resp, rerr := render(Outcome{Refusal: err})
+			if errors.Is(err, domain.ErrKeyRanBefore) {
+				// Found after the step wrote (changeKept): never stored,
+				// so that what it wrote rolls back, whatever render says.
+				resp.Unstored = true
+			}
+			return resp, rerr
 		}
 		return render(Outcome{Order: o, Changed: changed})
 	}

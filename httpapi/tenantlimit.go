@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -259,6 +260,13 @@ func (l *TenantLimits) sweep(now time.Time, idle time.Duration) {
 func waitsForReadModel(r *http.Request) bool {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return false
+	}
+	raw := r.URL.RawQuery
+	if !strings.Contains(raw, "min_") && !strings.Contains(raw, "%") {
+		return false // the usual case, without parsing anything
+	}
+	if strings.Count(raw, "&")+strings.Count(raw, ";") >= maxQueryParams {
+		return false // refused before it waits (singleQueryValues), once admitted
 	}
 	q := r.URL.Query()
 	return q.Has("min_version") || q.Has("min_position")

@@ -78,6 +78,11 @@ func (w *Worker) RetryDeadLetter(ctx context.Context, id int64) error {
 	if err != nil {
 		return err
 	}
+	// The provider may be called from here on: a discard waits out its
+	// search lag from now (searchable).
+	if _, err := w.db.Exec(ctx, `UPDATE dead_letters SET last_tried_at = now() WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("dead letter %d: %w", id, err)
+	}
 	if r := w.settle(ctx, consumer, data, true); r.verdict != done {
 		return fmt.Errorf("dead letter %d still fails: %w", id, r.err)
 	}
@@ -85,20 +90,23 @@ func (w *Worker) RetryDeadLetter(ctx context.Context, id int64) error {
 }
 
 // DiscardDeadLetter marks the open dead letter id discarded: the worker
-// never settles its intent. So that its order does not wait for an outcome
-// for good (payment_pending, neither payable again nor cancellable; a
-// refund pending), a charge or refund is first looked up at the provider
-// under the intent's key, and what was found is recorded:
-//   - a succeeded charge or refund: nothing; the discard is refused with
-//     ErrSettledAtProvider (retry the dead letter, which records it);
-//   - a declined charge or failed refund: that outcome;
+// never settles its intent again. So that its order does not wait for an
+// outcome for good (payment_pending, neither payable again nor
+// cancellable; a refund pending), a charge or refund is first looked up at
+// the provider under the intent's key, and what was found is recorded:
+//   - a charge or refund the provider made (succeeded, or declined /
+//     failed): that outcome, as a retry would record it;
 //   - none: a decline (DiscardedCode) or a failed refund, so that the
 //     order can be paid again or cancelled, or shows its refund failed.
 //
-// If the provider cannot be asked, the discard is refused and the dead
-// letter stays open. A dead letter that is no intent (malformed), or whose
-// outcome was recorded meanwhile, is only marked. outcome says what was
-// recorded, for the operator.
+// If recording is refused for good (the order is unknown, or the outcome
+// does not fit it: what dead-lettered the intent in the first place),
+// nothing is recorded and outcome names what the provider holds, for the
+// operator to settle by hand. If the provider cannot be asked, or the
+// intent's last try is younger than its search lag, the discard is
+// refused and the dead letter stays open. A dead letter that is no intent
+// (malformed), or whose outcome was recorded meanwhile, is only marked.
+// outcome says what was done, for the operator.
 //
 // Nothing calls the provider with the key afterwards: the outcome's inbox
 // row makes every later delivery of the intent a no-op, and a retry or
@@ -125,10 +133,6 @@ func (w *Worker) DiscardDeadLetter(ctx context.Context, id int64) (outcome strin
 // DiscardedCode is the decline code DiscardDeadLetter records for a charge
 // the provider holds none of.
 const DiscardedCode = "discarded"
-
-// ErrSettledAtProvider is returned by DiscardDeadLetter for an intent the
-// provider holds a succeeded charge or refund of: retry it instead.
-var ErrSettledAtProvider = errors.New("the provider holds a succeeded charge or refund under the intent's key: retry the dead letter to record it")
 
 // discardIntent records the outcome the provider holds of dead letter
 // id's intent, or a decline or failed refund when it holds none (see
@@ -157,16 +161,16 @@ func (w *Worker) discardIntent(ctx context.Context, id int64, consumer string, d
 		switch {
 		case err != nil:
 			return "", fmt.Errorf("cannot tell whether the provider charged under key %s: %w", req.PaymentKey, err)
-		case found && ch.Status == payment.ChargeSucceeded:
-			return "", fmt.Errorf("charge %s under key %s: %w", ch.ID, req.PaymentKey, ErrSettledAtProvider)
 		case !found:
 			ch = payment.Charge{Status: payment.ChargeDeclined, DeclineCode: DiscardedCode,
 				DeclineReason: fmt.Sprintf("payment dead letter %d discarded; the provider holds no charge under its key", id)}
 		}
-		if _, err := w.recordCharge(ctx, env, req, ch); err != nil {
-			return "", err
+		what := fmt.Sprintf("order %s's charge attempt %d as %s", env.AggregateID, req.Attempt, ch.Status)
+		if ch.Status != payment.ChargeSucceeded {
+			what += " (" + ch.DeclineCode + ")"
 		}
-		return fmt.Sprintf("recorded order %s's charge attempt %d as declined (%s)", env.AggregateID, req.Attempt, ch.DeclineCode), nil
+		wrote, err := w.recordCharge(ctx, env, req, ch)
+		return discarded(what, found && ch.Status == payment.ChargeSucceeded, "charge "+ch.ID, wrote, err)
 	case consumer == RefundConsumer && env.Type == domain.TypeRefundRequested:
 		req, err := refundIntent(env)
 		if err != nil {
@@ -176,18 +180,36 @@ func (w *Worker) discardIntent(ctx context.Context, id int64, consumer string, d
 		switch {
 		case err != nil:
 			return "", fmt.Errorf("cannot tell whether the provider refunded under key %s: %w", req.RefundKey, err)
-		case found && rf.Status == payment.RefundSucceeded:
-			return "", fmt.Errorf("refund %s under key %s: %w", rf.ID, req.RefundKey, ErrSettledAtProvider)
 		case !found:
 			rf = payment.Refund{Status: payment.RefundFailed,
 				FailureReason: fmt.Sprintf("payment dead letter %d discarded; the provider holds no refund under its key (refund by hand if need be)", id)}
 		}
-		if _, err := w.recordRefund(ctx, env, req, rf); err != nil {
-			return "", err
-		}
-		return fmt.Sprintf("recorded order %s's refund attempt %d as failed", env.AggregateID, req.Attempt), nil
+		what := fmt.Sprintf("order %s's refund attempt %d as %s", env.AggregateID, req.Attempt, rf.Status)
+		wrote, err := w.recordRefund(ctx, env, req, rf)
+		return discarded(what, found && rf.Status == payment.RefundSucceeded, "refund "+rf.ID, wrote, err)
 	}
 	return "nothing recorded: not an intent of " + consumer, nil
+}
+
+// discarded says what a discard recorded (what), or why it recorded
+// nothing: a racing copy recorded first (not wrote), or the recording was
+// refused for good (a domain refusal: the order is unknown, or the outcome
+// does not fit it), when the provider's own charge or refund (made, with
+// its id in held) is left for the operator to settle by hand. Any other
+// error keeps the dead letter open.
+func discarded(what string, made bool, held string, wrote bool, err error) (string, error) {
+	switch kind := domain.KindOf(err); {
+	case err == nil && wrote:
+		return "recorded " + what, nil
+	case err == nil:
+		return "nothing recorded: a delivery of the intent recorded its outcome meanwhile", nil
+	case kind == domain.KindInvalid, kind == domain.KindNotFound, kind == domain.KindConflict:
+		if made {
+			return fmt.Sprintf("nothing recorded (%v); the provider holds %s, which no order records: settle it by hand", err, held), nil
+		}
+		return fmt.Sprintf("nothing recorded (%v)", err), nil
+	}
+	return "", err
 }
 
 // ErrDeadLetterBusy is returned by RetryDeadLetter and DiscardDeadLetter
@@ -245,16 +267,17 @@ func (w *Worker) resolve(ctx context.Context, id int64, status string) error {
 	return nil
 }
 
-// searchable refuses dead letter id while it is younger than the
-// provider's search lag (Config.ProviderSearchLag): a charge made by the
-// last delivery before it could still be missing from the search.
+// searchable refuses dead letter id while its last try (its opening, or
+// an operator's retry: last_tried_at, else created_at) is younger than the
+// provider's search lag (Config.ProviderSearchLag): a charge that try made
+// could still be missing from the search.
 func (w *Worker) searchable(ctx context.Context, id int64) error {
 	var age time.Duration
-	if err := w.db.QueryRow(ctx, `SELECT now() - created_at FROM dead_letters WHERE id = $1`, id).Scan(&age); err != nil {
+	if err := w.db.QueryRow(ctx, `SELECT now() - greatest(created_at, last_tried_at) FROM dead_letters WHERE id = $1`, id).Scan(&age); err != nil {
 		return fmt.Errorf("read dead letter %d: %w", id, err)
 	}
 	if wait := w.cfg.ProviderSearchLag - age; wait > 0 {
-		return fmt.Errorf("it is %s old, and the provider's search may not show a charge made in the last %s: discard it in %s",
+		return fmt.Errorf("its last try was %s ago, and the provider's search may not show a charge made in the last %s: discard it in %s",
 			age.Round(time.Second), w.cfg.ProviderSearchLag, wait.Round(time.Second)+time.Second)
 	}
 	return nil

@@ -101,7 +101,7 @@ RETURNING d.id, d.tenant_id, d.payload, d.attempts, d.deliveries, d.next_attempt
 	// (next_attempt_at = $2).
 	parkedDoneSQL  = `DELETE FROM dead_letters WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
 	parkedAgainSQL = `UPDATE dead_letters SET next_attempt_at = now() + $3::bigint * interval '1 microsecond', deliveries = $4, error = $5 WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
-	parkedOpenSQL  = `UPDATE dead_letters SET status = 'open', deliveries = $3, error = $4, next_attempt_at = NULL WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
+	parkedOpenSQL  = `UPDATE dead_letters SET status = 'open', deliveries = $3, error = $4, next_attempt_at = NULL, last_tried_at = now() WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
 	// unleaseSQL hands back a lease never started (on shutdown).
 	unleaseSQL = `UPDATE dead_letters SET next_attempt_at = now(), attempts = attempts - 1 WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
 

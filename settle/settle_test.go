@@ -469,11 +469,10 @@ func (c chargedButRefused) Charge(ctx context.Context, r payment.ChargeRequest) 
 	return payment.Charge{}, fmt.Errorf("%w: 400 made up", payment.ErrPermanent)
 }
 
-// A dead letter the provider holds a succeeded charge of is not
-// discarded (the customer would be charged for an order that never
-// becomes paid): the discard is refused and changes nothing, and the
-// retry records the charge.
-func TestADiscardOfAChargeTheProviderMadeIsRefused(t *testing.T) {
+// A discard of a dead letter the provider holds a succeeded charge of
+// records that charge, as a retry would (the customer was charged: the
+// order is paid, and can be cancelled and refunded), not a decline.
+func TestADiscardOfAChargeTheProviderMadeRecordsIt(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, fakepsp.Faults{})
 	r.provider = chargedButRefused{r.provider}
@@ -483,20 +482,80 @@ func TestADiscardOfAChargeTheProviderMadeIsRefused(t *testing.T) {
 	r.publish(t, id, domain.TypePaymentRequested, 0)
 	dl := r.waitDeadLetters(t, 15*time.Second, "a dead letter")[0]
 
-	if _, err := w.DiscardDeadLetter(context.Background(), dl.ID); !errors.Is(err, settle.ErrSettledAtProvider) {
-		t.Fatalf("discard of a charge the provider made: %v, want ErrSettledAtProvider", err)
-	}
-	if s, _, _ := r.get(t, id); s != "payment_pending" {
-		t.Fatalf("order %s after a refused discard, want payment_pending", s)
-	}
-	if dls, err := settle.ListDeadLetters(context.Background(), r.db, false); err != nil || len(dls) != 1 {
-		t.Fatalf("open dead letters %+v (%v), want the one", dls, err)
-	}
-	if err := w.RetryDeadLetter(context.Background(), dl.ID); err != nil {
-		t.Fatalf("retry: %v", err)
+	outcome, err := w.DiscardDeadLetter(context.Background(), dl.ID)
+	if err != nil || !strings.Contains(outcome, "charge attempt 1 as succeeded") {
+		t.Fatalf("discard of a charge the provider made: %q, %v; want it recorded", outcome, err)
 	}
 	r.waitStatus(t, id, "paid", 15*time.Second)
 	r.assertOneCharge(t, id)
+}
+
+// A discard waits out the provider's search lag from the intent's last
+// try, not from when its dead letter was written: an operator's retry
+// that reached the provider (and failed) just now could have charged.
+func TestADiscardWaitsOutTheSearchLagAfterTheLastRetry(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	r.provider = searchLags{chargedButRefused{r.provider}}
+	w, _ := r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	dl := r.waitDeadLetters(t, 15*time.Second, "a dead letter")[0]
+	if _, err := r.db.Exec(context.Background(), `UPDATE dead_letters SET created_at = now() - interval '10 minutes' WHERE id = $1`, dl.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.RetryDeadLetter(context.Background(), dl.ID); err == nil {
+		t.Fatal("retry of a charge answered with a permanent failure succeeded")
+	}
+	if _, err := w.DiscardDeadLetter(context.Background(), dl.ID); err == nil || !strings.Contains(err.Error(), "its last try was") {
+		t.Fatalf("discard right after a retry reached the provider: %v, want refused for the search lag", err)
+	}
+}
+
+// searchLags finds no charge by key, as Stripe's search does for a
+// charge younger than a minute.
+type searchLags struct{ settle.Provider }
+
+func (searchLags) FindCharge(context.Context, string) (payment.Charge, bool, error) {
+	return payment.Charge{}, false, nil
+}
+
+// The dead letter of an intent no order can record (here a forged one,
+// naming an order of another tenant) is discarded with nothing recorded,
+// and the discard names the charge the provider holds, for the operator
+// to refund by hand; before, neither retry nor discard could close it.
+func TestADiscardOfAnIntentNoOrderRecordsNamesTheProvidersCharge(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	w, _ := r.start(t, settle.Config{ProviderSearchLag: -1})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	var env map[string]any
+	var payload []byte
+	if err := r.db.QueryRow(context.Background(), `SELECT payload::text FROM outbox WHERE aggregate_id = $1 AND event_type = $2`, id, domain.TypePaymentRequested).Scan(&payload); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(payload, &env); err != nil {
+		t.Fatal(err)
+	}
+	env["tenant_id"], env["id"] = "ghost", uuid.NewString()
+	env["data"].(map[string]any)["payment_key"] = domain.ChargeKey("ghost", id, 1)
+	forged, err := json.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.js.Publish(context.Background(), stream.Subject(domain.TypePaymentRequested), forged); err != nil {
+		t.Fatal(err)
+	}
+	dl := r.waitDeadLetters(t, 15*time.Second, "a dead letter")[0]
+	outcome, err := w.DiscardDeadLetter(context.Background(), dl.ID)
+	if err != nil || !strings.Contains(outcome, "nothing recorded") || !strings.Contains(outcome, "the provider holds charge pi_") {
+		t.Fatalf("discard: %q, %v; want nothing recorded and the provider's charge named", outcome, err)
+	}
+	if dls, err := settle.ListDeadLetters(context.Background(), r.db, false); err != nil || len(dls) != 0 {
+		t.Fatalf("open dead letters %+v (%v), want none", dls, err)
+	}
 }
 
 // refundRefused refuses every refund for good without calling the provider.

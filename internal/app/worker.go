@@ -34,7 +34,7 @@ const workerUsage = `usage:
   worker [flags]                                 settle payment and refund intents with the provider (serve)
   worker dead-letters list [-all] [flags]        the worker's open dead letters (with -all: every one)
   worker dead-letters retry [flags] ID           settle a dead letter again (same idempotency key), then mark it retried
-  worker dead-letters discard [flags] ID         never settle a dead letter: record what the provider holds under its key, or a decline or failed refund`
+  worker dead-letters discard [flags] ID         stop trying a dead letter: record what the provider holds under its key, or a decline or failed refund`
 
 // Defaults of the worker program.
 const (

@@ -40,6 +40,7 @@ package outbox
 // statement, which internal/bench also renders into its pgbench script).
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -48,6 +49,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/acme/orders/postgres"
@@ -211,6 +213,7 @@ type Relay struct {
 	atomicBatches, fallbacks      atomic.Int64
 	atomicMode                    atomic.Int32 // atomicUnknown, atomicOn or atomicOff
 	atomicChecked                 atomic.Int64 // when atomicMode was last learned (unix ns)
+	streamRestored                atomic.Int64 // when restoreStream last ensured the stream (unix ns)
 }
 
 // worker owns a share of the relay's partitions on its lease connection.
@@ -283,14 +286,14 @@ func (r *Relay) Stats() Stats {
 // while NATS is unreachable), then runs the workers and one listener they
 // share, which wakes them on NOTIFY outbox (sent after their commits by
 // writers in other processes, postgres.Notifier); writers in this process
-// call Wake. The workers poll as a fallback.
+// call Wake. The workers poll as a fallback, and ensure the stream again
+// when a publish finds it missing (restoreStream).
 // Failures are logged and retried with a backoff. Run returns only when ctx
 // ends, after every goroutine it started has ended and every connection it
 // took outside the pool is closed (so the partitions are released).
 func (r *Relay) Run(ctx context.Context) {
 	for ctx.Err() == nil {
-		s, err := stream.Ensure(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas, DuplicateWindow: r.cfg.DuplicateWindow})
-		if err != nil {
+		if err := r.ensureStream(ctx); err != nil {
 			if ctx.Err() != nil {
 				break // stopping, not failing
 			}
@@ -298,7 +301,6 @@ func (r *Relay) Run(ctx context.Context) {
 			sleep(ctx, 2*time.Second)
 			continue
 		}
-		r.setAtomicMode(s.CachedInfo().Config.AllowAtomicPublish)
 		break
 	}
 	var wg sync.WaitGroup
@@ -311,6 +313,54 @@ func (r *Relay) Run(ctx context.Context) {
 	wg.Wait()
 	r.logger.Info("relay stopped: batches in flight finished, partitions released, connections closed",
 		"duration", time.Since(stopping))
+}
+
+// ensureStream creates the stream, or updates it to the relay's settings,
+// and learns from it whether it takes atomic batches.
+func (r *Relay) ensureStream(ctx context.Context) error {
+	s, err := stream.Ensure(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas, DuplicateWindow: r.cfg.DuplicateWindow})
+	if err != nil {
+		return err
+	}
+	r.setAtomicMode(s.CachedInfo().Config.AllowAtomicPublish)
+	return nil
+}
+
+// streamRestoreInterval is the least time between two restoreStream calls
+// that ensure the stream: the relay's workers all fail together when it is
+// lost, and keep failing while NATS cannot create it.
+const streamRestoreInterval = 2 * time.Second
+
+// streamMissing reports whether a publish failed because no stream takes
+// the event's subject: nobody answered it (JetStream's no-responders
+// status, or nats-server's for the commit of an atomic batch).
+func streamMissing(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrStreamNotFound)
+}
+
+// restoreStream ensures the stream again, with the settings Run started
+// with, after a publish found it missing: NATS came back without its
+// JetStream state (a server restarted on an empty store), or an operator
+// deleted the stream. Run ensures it only at start, so without this every
+// batch failed with "no response from stream" until the relay restarted.
+// It runs at most once per streamRestoreInterval across the workers; the
+// others retry on their backoff. A stream that exists (no responders for
+// another reason, such as a cluster electing its leader) is left as it is
+// unless its settings differ, as at start.
+func (r *Relay) restoreStream(ctx context.Context) {
+	last := r.streamRestored.Load()
+	now := time.Now().UnixNano()
+	if now-last < int64(streamRestoreInterval) || !r.streamRestored.CompareAndSwap(last, now) {
+		return
+	}
+	if err := r.ensureStream(ctx); err != nil {
+		if ctx.Err() == nil {
+			r.logger.ErrorContext(ctx, "relay cannot ensure the missing stream; retrying", "err", err)
+		}
+		return
+	}
+	r.logger.WarnContext(ctx, "relay found no stream answering its publishes; ensured it", "stream", stream.Name)
 }
 
 // run is the loop of one worker; the first one also prunes.
@@ -331,6 +381,9 @@ func (w *worker) run(ctx context.Context, prunes bool) {
 		switch {
 		case err != nil && ctx.Err() == nil:
 			w.logger.ErrorContext(ctx, "relay batch failed; retrying", "err", err, "backoff", backoff)
+			if streamMissing(err) {
+				r.restoreStream(ctx)
+			}
 			sleep(ctx, backoff)
 			backoff = min(2*backoff, 10*time.Second)
 			continue

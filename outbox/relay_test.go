@@ -397,3 +397,37 @@ func outsidePool(t *testing.T, db *pgxpool.Pool) int {
 	}
 	return n - int(db.Stat().TotalConns())
 }
+
+// A relay whose stream is lost (an operator deleted it, or NATS came back
+// on an empty store) creates it again, with the settings it started with,
+// and publishes on: before, it ensured the stream only at start, and every
+// batch failed with "no response from stream" until it was restarted.
+func TestRelayCreatesALostStreamAgainAndPublishesOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const window = 2 * time.Minute // not the default: the stream created again must have it
+	db, js, _ := newPipeline(t, stream.Settings{DuplicateWindow: window})
+	relay := newRelay(t, db, js, outbox.Config{PollInterval: 100 * time.Millisecond, DuplicateWindow: window})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { relay.Run(rctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	createOrders(t, db, 3, "before")
+	testenv.Eventually(t, 10*time.Second, "the events before the loss are published", func() bool { return unpublished(t, db) == 0 })
+	if err := js.DeleteStream(ctx, stream.Name); err != nil {
+		t.Fatal(err)
+	}
+
+	createOrders(t, db, 3, "after")        // published message by message
+	createOrders(t, db, 20, "after-batch") // and, claimed together, as an atomic batch
+	testenv.Eventually(t, 30*time.Second, "the events after the loss are published", func() bool { return unpublished(t, db) == 0 })
+	s, err := js.Stream(ctx, stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := s.CachedInfo(); info.State.Msgs != 23 || info.Config.Duplicates != window {
+		t.Fatalf("the stream created again holds %d messages with a duplicate window of %s; want the 23 published after the loss, and %s",
+			info.State.Msgs, info.Config.Duplicates, window)
+	}
+}

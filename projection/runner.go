@@ -281,7 +281,9 @@ func (r *Runner) Stats() Stats {
 // so nothing is ever silently dropped by the server. No BackOff is set: the
 // runner chooses each redelivery's delay itself (NakWithDelay), and a
 // consumer BackOff would override those delays; a worker that dies
-// mid-batch gets its messages redelivered after AckWait.
+// mid-batch gets its messages redelivered after AckWait. DeliverAllPolicy:
+// a new consumer, or one created again after it was lost, starts at the
+// stream's first message (see Run for why that is safe).
 func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 	if _, err := stream.Open(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas}); err != nil {
 		return nil, err
@@ -304,39 +306,30 @@ func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 }
 
 // Run consumes and applies events until ctx ends. It retries its set-up
-// while NATS is unreachable. On shutdown it finishes the batch in hand (and
-// acks it) and hands the buffered, unapplied messages back for redelivery.
-func (r *Runner) Run(ctx context.Context) error {
-	var cons jetstream.Consumer
-	for {
-		var err error
-		if cons, err = r.Consumer(ctx); err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		r.logger.ErrorContext(ctx, "projector set-up failed; retrying", "err", err)
-		sleep(ctx, 2*time.Second)
-	}
-
+// while NATS is unreachable, and creates the consumer (and the stream) again
+// whenever it is lost (stream.Consume): deleted, or gone with NATS's
+// JetStream state. On shutdown it finishes the batch in hand (and acks it)
+// and hands the buffered, unapplied messages back for redelivery.
+//
+// A consumer created again (DeliverAllPolicy, see Consumer) delivers the
+// whole stream again, from its first message. That is safe, only slower:
+// each event delivered again is handled as a copy republished past the
+// duplicate window is (G5). One applied already is a no-op: the version
+// gate finds its order past it (stale) and the inbox already holds it; one
+// held back by a dead letter of its order waits behind it again. The
+// lost consumer's messages still in hand are applied too, but not acked
+// (stream.ErrConsumerLost): their copies from the new consumer are no-ops.
+func (r *Runner) Run(ctx context.Context) (err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	msgs := make(chan jetstream.Msg, r.cfg.BatchSize*r.cfg.Workers)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case msgs <- m:
-		case <-ctx.Done():
-			_ = m.Nak()
-		}
-	},
-		stream.ConsumeOptions(jetstream.PullMaxMessages(r.cfg.BatchSize*r.cfg.Workers),
-			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-				r.logger.WarnContext(ctx, "consume", "err", err)
-			}))...)
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", r.proj.Name(), err)
-	}
+	consumed := make(chan error, 1)
+	go func() { consumed <- r.consume(ctx, cancel, msgs) }()
 	defer func() {
-		cc.Stop()
+		cancel()
+		if cerr := <-consumed; cerr != nil {
+			err = fmt.Errorf("consume %s: %w", r.proj.Name(), cerr)
+		}
 		for {
 			select {
 			case m := <-msgs:
@@ -373,6 +366,23 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// consume feeds msgs from the projection's consumer until ctx ends (see
+// Run). If it cannot consume at all (an invalid option), it ends the run
+// with cancel and returns why.
+func (r *Runner) consume(ctx context.Context, cancel func(), msgs chan<- jetstream.Msg) error {
+	err := stream.Consume(ctx, r.Consumer, func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+			_ = m.Nak()
+		}
+	}, r.logger, jetstream.PullMaxMessages(r.cfg.BatchSize*r.cfg.Workers))
+	if err != nil {
+		cancel()
+	}
+	return err
 }
 
 // collect blocks for one message, then takes whatever else is already
@@ -840,13 +850,6 @@ func (r *Runner) gapDelay(deliveries uint64) time.Duration {
 // up to a minute.
 func (r *Runner) retryDelay(deliveries uint64) time.Duration {
 	return min(r.cfg.RetryDelay<<min(max(deliveries, 1)-1, 10), time.Minute)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
 }
 
 // predecessorHorizon is the longest an event can still be redelivered after

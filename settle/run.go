@@ -25,6 +25,8 @@ var consumers = []struct{ name, eventType string }{
 // RefundConsumer) and returns it. Like the projector's, the server's
 // MaxDeliver is unlimited: the worker dead-letters an intent itself at
 // Config.MaxDeliver, so the server never drops one silently.
+// DeliverAllPolicy: a new consumer, or one created again after it was lost,
+// starts at the stream's first message (see Run for why that is safe).
 func (w *Worker) Consumer(ctx context.Context, name string) (jetstream.Consumer, error) {
 	if w.js == nil {
 		return nil, errors.New("settle: this worker has no JetStream")
@@ -59,9 +61,20 @@ func (w *Worker) Consumer(ctx context.Context, name string) (jetstream.Consumer,
 }
 
 // Run settles intents of both consumers until ctx ends. It retries its
-// set-up while NATS is unreachable. On shutdown it finishes each intent in
-// hand (provider call, recording, ack) within Config.ShutdownTimeout and
-// hands the buffered ones back at once (Nak).
+// set-up while NATS is unreachable, and creates a consumer (and the stream)
+// again whenever it is lost (stream.Consume): deleted, or gone with NATS's
+// JetStream state. On shutdown it finishes each intent in hand (provider
+// call, recording, ack) within Config.ShutdownTimeout and hands the
+// buffered ones back at once (Nak).
+//
+// A consumer created again (DeliverAllPolicy, see Consumer) delivers every
+// intent of the stream again. That is safe, only slower: each is handled
+// as a copy republished past the duplicate window is (G8). One whose
+// outcome is recorded is acked without a provider call (payment_inbox); one
+// in flight or parked is settled with the same idempotency key, so the
+// provider replays the charge or refund it made. The lost consumer's
+// intents still in hand are settled too, but not acked
+// (stream.ErrConsumerLost): their copies from the new consumer are no-ops.
 func (w *Worker) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	for _, c := range consumers {
@@ -70,41 +83,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-func (w *Worker) consume(ctx context.Context, name string) error {
-	var cons jetstream.Consumer
-	for {
-		var err error
-		if cons, err = w.Consumer(ctx, name); err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		w.logger.ErrorContext(ctx, "payment worker set-up failed; retrying", "consumer", name, "err", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(2 * time.Second):
-		}
-	}
-
+func (w *Worker) consume(ctx context.Context, name string) (err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	msgs := make(chan jetstream.Msg, w.cfg.Concurrency)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case msgs <- m:
-		case <-ctx.Done():
-			_ = m.Nak()
-		}
-	},
-		stream.ConsumeOptions(jetstream.PullMaxMessages(w.cfg.Concurrency),
-			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-				w.logger.WarnContext(ctx, "consume", "consumer", name, "err", err)
-			}))...)
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", name, err)
-	}
+	consumed := make(chan error, 1)
+	go func() { consumed <- w.feed(ctx, cancel, name, msgs) }()
 	defer func() {
-		cc.Stop()
+		cancel()
+		if cerr := <-consumed; cerr != nil {
+			err = fmt.Errorf("consume %s: %w", name, cerr)
+		}
 		for {
 			select {
 			case m := <-msgs:
@@ -146,6 +135,24 @@ func (w *Worker) consume(ctx context.Context, name string) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// feed fills msgs from the consumer name until ctx ends (see Run). If it
+// cannot consume at all (an invalid option), it ends the run with cancel
+// and returns why.
+func (w *Worker) feed(ctx context.Context, cancel func(), name string, msgs chan<- jetstream.Msg) error {
+	open := func(ctx context.Context) (jetstream.Consumer, error) { return w.Consumer(ctx, name) }
+	err := stream.Consume(ctx, open, func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+			_ = m.Nak()
+		}
+	}, w.logger.With("consumer", name), jetstream.PullMaxMessages(w.cfg.Concurrency))
+	if err != nil {
+		cancel()
+	}
+	return err
 }
 
 // process settles one delivered intent and acks or terminates it. An

@@ -1513,3 +1513,32 @@ func TestADiscardWhileTheRetryChargesIsRefused(t *testing.T) {
 		t.Fatalf("dead letters %+v (%v), want the one retried", all, err)
 	}
 }
+
+// A worker whose charge consumer is deleted (by an operator, say) creates
+// it again and settles the intents that come next. Before, its Consume
+// stopped with "consumer deleted" and nothing was charged until the worker
+// restarted. The new consumer delivers the first intent again: it is found
+// recorded and acked, not charged twice (G8).
+func TestWorkerCreatesItsDeletedConsumerAgainAndChargesOnce(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	r.start(t, settle.Config{})
+	first := r.order(t)
+	r.pay(t, first, domain.DefaultPaymentMethod)
+	r.publish(t, first, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, first, "paid", 15*time.Second)
+
+	if err := r.js.DeleteConsumer(context.Background(), stream.Name, settle.ChargeConsumer); err != nil {
+		t.Fatal(err)
+	}
+	second := r.order(t)
+	r.pay(t, second, domain.DefaultPaymentMethod)
+	r.publish(t, second, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, second, "paid", 20*time.Second)
+	r.waitSettled(t, settle.ChargeConsumer)
+	if info := r.consumerInfo(t); info.Delivered.Stream < 2 {
+		t.Fatalf("the charge consumer created again delivered up to sequence %d; want both intents", info.Delivered.Stream)
+	}
+	r.assertOneCharge(t, first)
+	r.assertOneCharge(t, second)
+}

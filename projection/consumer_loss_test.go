@@ -76,6 +76,70 @@ func TestRunnerAppliesTheEventsOfAStreamDeletedAndCreatedAgain(t *testing.T) {
 	f.waitDelivered(t, 3)
 }
 
+// A projection whose consumer is missing is not reported as having nothing
+// pending: Lag says the consumer is missing and counts the stream's events
+// past the checkpoint (before, it reported zero lag, so `projector status`
+// and projection_pending_events showed nothing pending while nothing was
+// applied).
+func TestLagOfAMissingConsumerCountsTheEventsPastTheCheckpoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, Config{CheckpointInterval: 20 * time.Millisecond})
+	lag := func() Lag {
+		t.Helper()
+		l, err := f.runner.Lag(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	for range 2 {
+		e := createdEvent(t, uuid.Must(uuid.NewV7()))
+		f.publish(t, e, e.ID.String())
+	}
+	if l := lag(); !l.ConsumerMissing || l.Pending != 2 || l.OldestUnapplied <= 0 {
+		t.Fatalf("lag before the projector ever ran = %+v; want the consumer missing, 2 pending and an oldest unapplied age", l)
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.runner.Run(runCtx) }()
+	eventually(t, "both events are applied and checkpointed", func() bool { return lag().Checkpoint == 2 })
+	if l := lag(); l.ConsumerMissing || l.Pending != 0 {
+		t.Fatalf("lag of the running projector = %+v; want its consumer found and nothing pending", l)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	if err := f.js.DeleteConsumer(ctx, stream.Name, f.runner.Name()); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		e := createdEvent(t, uuid.Must(uuid.NewV7()))
+		f.publish(t, e, e.ID.String())
+	}
+	if l := lag(); !l.ConsumerMissing || l.Pending != 3 || l.OldestUnapplied <= 0 || l.Checkpoint != 2 {
+		t.Fatalf("lag after the consumer was deleted = %+v; want it missing, the 3 events past checkpoint 2 pending", l)
+	}
+
+	if err := f.js.DeleteStream(ctx, stream.Name); err != nil {
+		t.Fatal(err)
+	}
+	if l := lag(); !l.ConsumerMissing || l.Pending != 0 {
+		t.Fatalf("lag without a stream = %+v; want the consumer missing and nothing pending", l)
+	}
+	if _, err := stream.Ensure(ctx, f.js, stream.Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	e := createdEvent(t, uuid.Must(uuid.NewV7()))
+	f.publish(t, e, e.ID.String())
+	if l := lag(); !l.ConsumerMissing || l.Pending != 1 {
+		t.Fatalf("lag on a stream created anew, behind the old checkpoint = %+v; want the consumer missing and its 1 event pending", l)
+	}
+}
+
 // viewCount counts the order views of order id.
 func (f fixture) viewCount(t *testing.T, id uuid.UUID) int {
 	t.Helper()

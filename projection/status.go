@@ -17,7 +17,9 @@ import (
 // letters, and a few JetStream API calls. It never reads the inbox.
 type Lag struct {
 	Projection string
-	// Pending: events in the stream not yet delivered to any worker.
+	// Pending: events in the stream not yet delivered to any worker. With
+	// the consumer missing, the events past the checkpoint (all of them if
+	// the stream was created anew and holds fewer): what no one applies.
 	Pending uint64
 	// AckPending: delivered, not yet acked (being applied, or waiting for
 	// a predecessor).
@@ -30,6 +32,13 @@ type Lag struct {
 	// DeadLetters: open (blocking their order) and parked behind them, each
 	// counted up to DeadLetterCountCap.
 	DeadOpen, DeadParked int64
+	// ConsumerMissing: the projection's durable consumer (or the stream)
+	// does not exist, so nothing is applying the stream: the projector has
+	// never run, or the consumer was lost (deleted, or gone with NATS's
+	// JetStream state) and no running projector has created it again yet
+	// (one does within seconds). Pending and OldestUnapplied then count
+	// from the checkpoint instead of from the consumer.
+	ConsumerMissing bool
 }
 
 // DeadLetterCountCap is the most dead letters of one status Lag counts: a
@@ -53,8 +62,8 @@ func (r *Runner) Lag(ctx context.Context) (Lag, error) {
 		return l, fmt.Errorf("read lag of %s: %w", l.Projection, err)
 	}
 	cons, err := r.js.Consumer(ctx, stream.Name, l.Projection)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return l, nil // never started
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return r.lagWithoutConsumer(ctx, l)
 	}
 	if err != nil {
 		return l, fmt.Errorf("read consumer %s: %w", l.Projection, err)
@@ -67,6 +76,38 @@ func (r *Runner) Lag(ctx context.Context) (Lag, error) {
 			return l, fmt.Errorf("read stream %s: %w", stream.Name, err)
 		}
 		if m, err := s.GetMsg(ctx, info.AckFloor.Stream+1); err == nil {
+			l.OldestUnapplied = time.Since(m.Time)
+		}
+	}
+	return l, nil
+}
+
+// lagWithoutConsumer fills in l for a projection whose consumer (or the
+// stream) is missing. It used to report no lag at all, so `projector
+// status` and projection_pending_events showed nothing pending while no
+// event was applied; it counts the stream's events past the checkpoint
+// instead. (A checkpoint past the stream's last sequence means the stream
+// was created anew, its sequences starting again: all of it is counted.)
+func (r *Runner) lagWithoutConsumer(ctx context.Context, l Lag) (Lag, error) {
+	l.ConsumerMissing = true
+	s, err := r.js.Stream(ctx, stream.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return l, nil // nothing to apply, and nothing applying it
+	}
+	if err != nil {
+		return l, fmt.Errorf("read stream %s: %w", stream.Name, err)
+	}
+	state := s.CachedInfo().State
+	if state.Msgs == 0 {
+		return l, nil
+	}
+	from := max(uint64(l.Checkpoint)+1, state.FirstSeq)
+	if from > state.LastSeq+1 {
+		from = state.FirstSeq
+	}
+	l.Pending = min(state.LastSeq+1-from, state.Msgs)
+	if l.Pending > 0 {
+		if m, err := s.GetMsg(ctx, from); err == nil {
 			l.OldestUnapplied = time.Since(m.Time)
 		}
 	}

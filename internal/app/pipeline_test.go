@@ -203,6 +203,9 @@ func TestProjectorCommands(t *testing.T) {
 			t.Fatalf("status lacks %s:\n%s", name, status)
 		}
 	}
+	if strings.Contains(status, "missing") {
+		t.Fatalf("status says a consumer of the running projector is missing:\n%s", status)
+	}
 	t.Logf("projector status:\n%s", status)
 	if list, err := run("dead-letters", "list"); err != nil || !strings.HasPrefix(list, "ID") || strings.Count(list, "\n") != 1 {
 		t.Fatalf("dead-letters list: %v\n%s", err, list)

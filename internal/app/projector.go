@@ -412,6 +412,12 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner 
 		lag("projection_ack_pending_events", "events delivered and not yet acked", func(l projection.Lag) float64 { return float64(l.AckPending) }),
 		lag("projection_oldest_unapplied_seconds", "age of the oldest event not yet applied", func(l projection.Lag) float64 { return l.OldestUnapplied.Seconds() }),
 		lag("projection_dead_letters_open", "unresolved dead letters (counted up to 10000)", func(l projection.Lag) float64 { return float64(l.DeadOpen) }),
+		lag("projection_consumer_missing", "1 while the projection's consumer (or the stream) does not exist: nothing applies the stream, and pending counts from the checkpoint", func(l projection.Lag) float64 {
+			if l.ConsumerMissing {
+				return 1
+			}
+			return 0
+		}),
 		{Name: "projection_inbox_pruned_total", Help: "inbox rows this process deleted past their retention", Counter: true, Read: metrics.One(pruner.Deleted)},
 		{Name: "projection_inbox_rows_estimated", Help: "inbox rows of every projection, as the planner estimates them (pg_class)", Read: func() []metrics.Sample {
 			ectx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -501,9 +507,13 @@ func (w *rateWindow) observe(now time.Time, n int64) float64 {
 	return float64(n-base.n) / dt
 }
 
+// printStatus prints each projection's lag. A projection whose consumer is
+// missing says so (CONSUMER missing, and a note under the table): its
+// PENDING then counts from the checkpoint, and nothing applies it.
 func printStatus(ctx context.Context, runners []*projection.Runner, stdout io.Writer) error {
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PROJECTION\tPENDING\tACK PENDING\tOLDEST UNAPPLIED\tCHECKPOINT\tDEAD LETTERS\tPARKED")
+	fmt.Fprintln(w, "PROJECTION\tPENDING\tACK PENDING\tOLDEST UNAPPLIED\tCHECKPOINT\tDEAD LETTERS\tPARKED\tCONSUMER")
+	var missing []string
 	for _, r := range runners {
 		l, err := r.Lag(ctx)
 		if err != nil {
@@ -513,10 +523,23 @@ func printStatus(ctx context.Context, runners []*projection.Runner, stdout io.Wr
 		if l.OldestUnapplied > 0 {
 			oldest = l.OldestUnapplied.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\t%d\n", l.Projection, l.Pending, l.AckPending, oldest,
-			l.Checkpoint, l.DeadOpen, l.DeadParked)
+		consumer := "ok"
+		if l.ConsumerMissing {
+			consumer = "missing"
+			missing = append(missing, l.Projection)
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\n", l.Projection, l.Pending, l.AckPending, oldest,
+			l.Checkpoint, l.DeadOpen, l.DeadParked, consumer)
 	}
-	return w.Flush()
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		_, err := fmt.Fprintf(stdout, "\nno consumer (so nothing applies the stream) for: %s. A running projector creates it again within seconds;\n"+
+			"if it stays missing, start the projector. PENDING counts the stream's events past the checkpoint.\n", strings.Join(missing, ", "))
+		return err
+	}
+	return nil
 }
 
 func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, all bool, stdout io.Writer) error {

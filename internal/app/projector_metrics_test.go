@@ -1,12 +1,14 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,9 +17,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/acme/orders/internal/invariant"
 	"github.com/acme/orders/internal/testenv"
 	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/projection"
+	"github.com/acme/orders/stream"
 )
 
 // sqlRecorder is a pgx tracer that keeps every statement a pool runs.
@@ -208,6 +212,77 @@ func TestRateWindow(t *testing.T) {
 	} {
 		if got := w.observe(start.Add(c.after), c.n); got != c.want {
 			t.Errorf("after %s at %d: rate %g, want %g", c.after, c.n, got, c.want)
+		}
+	}
+}
+
+// A projection whose consumer is missing (deleted, or lost with NATS's
+// JetStream state, and no projector running to create it again) says so in
+// `projector status` and in /metrics, with the events it leaves unapplied
+// counted as pending: it used to look like a projection with nothing
+// pending.
+func TestStatusAndMetricsShowAMissingConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, js := testenv.DB(t), testenv.JetStream(t)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var runners []*projection.Runner
+	for _, p := range projections() {
+		r, err := projection.NewRunner(pool, js, p, logger, projection.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Consumer(ctx); err != nil {
+			t.Fatal(err)
+		}
+		runners = append(runners, r)
+	}
+	for range 2 {
+		if _, err := js.Publish(ctx, stream.Subject("order.created"), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := js.DeleteConsumer(ctx, stream.Name, "order_views"); err != nil {
+		t.Fatal(err)
+	}
+
+	var out bytes.Buffer
+	if err := printStatus(ctx, runners, &out); err != nil {
+		t.Fatal(err)
+	}
+	status := out.String()
+	t.Logf("projector status:\n%s", status)
+	for _, line := range strings.Split(status, "\n") {
+		fields := strings.Fields(line)
+		switch {
+		case len(fields) == 0 || fields[0] == "PROJECTION" || !slices.Contains(invariant.Projections, fields[0]):
+		case fields[0] == "order_views" && (fields[1] != "2" || fields[len(fields)-1] != "missing"):
+			t.Errorf("status of order_views: %q; want 2 pending and its consumer missing", line)
+		case fields[0] != "order_views" && fields[len(fields)-1] != "ok":
+			t.Errorf("status of %s: %q; want its consumer ok", fields[0], line)
+		}
+	}
+	if !strings.Contains(status, "no consumer (so nothing applies the stream) for: order_views.") {
+		t.Errorf("status does not say which consumer is missing:\n%s", status)
+	}
+
+	pruner, err := projection.NewInboxPruner(pool, []string{"order_views"}, projection.Config{}, projection.InboxPruneConfig{}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := metrics.NewRegistry()
+	if err := metrics.Register(reg, projectorMetrics(ctx, runners, pruner, pool, logger)...); err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	metrics.Handler(reg).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, want := range []string{
+		`orders_projection_consumer_missing{projection="order_views"} 1`,
+		`orders_projection_consumer_missing{projection="daily_sales"} 0`,
+		`orders_projection_pending_events{projection="order_views"} 2`,
+	} {
+		if !strings.Contains(w.Body.String(), want+"\n") {
+			t.Errorf("/metrics has no line %q:\n%s", want, w.Body.String())
 		}
 	}
 }

@@ -17,6 +17,10 @@ const (
 	maxQueryParams = 32
 )
 
+// queryParams counts the parameters of a non-empty raw query string
+// without parsing it: its separators, plus one.
+func queryParams(raw string) int { return strings.Count(raw, "&") + strings.Count(raw, ";") + 1 }
+
 // singleQueryValues refuses a query string that says something twice or
 // nothing at all, with 400 invalid-parameter naming the parameter: one
 // that cannot be decoded (r.URL.Query drops it silently), one given more
@@ -29,7 +33,7 @@ func (s *Server) singleQueryValues(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if n := strings.Count(r.URL.RawQuery, "&") + strings.Count(r.URL.RawQuery, ";") + 1; n > maxQueryParams {
+		if n := queryParams(r.URL.RawQuery); n > maxQueryParams {
 			// No route takes more than a handful: refused before
 			// parsing thousands of them.
 			p := problem(http.StatusBadRequest, "invalid-parameter", "Invalid query parameter",

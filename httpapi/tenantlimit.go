@@ -265,7 +265,7 @@ func waitsForReadModel(r *http.Request) bool {
 	if !strings.Contains(raw, "min_") && !strings.Contains(raw, "%") {
 		return false // the usual case, without parsing anything
 	}
-	if strings.Count(raw, "&")+strings.Count(raw, ";") >= maxQueryParams {
+	if queryParams(raw) > maxQueryParams {
 		return false // refused before it waits (singleQueryValues), once admitted
 	}
 	q := r.URL.Query()

@@ -94,3 +94,41 @@ func TestConcurrentFirstStartsCreateAndNeverUpdate(t *testing.T) {
 		t.Errorf("after Open with the default settings: window %v, %d updates in all; want 1m and 1", got, updates())
 	}
 }
+
+// An operator's limits on the stream survive an Ensure that updates it
+// with other settings: an update sends a whole config, and the relay's
+// used to reset every field it does not own (MaxAge to forever).
+func TestEnsureKeepsTheOperatorsLimits(t *testing.T) {
+	nc, err := nats.Connect(testenv.NATS(t).ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := stream.Ensure(ctx, js, stream.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxAge, cfg.MaxBytes, cfg.MaxMsgs = 72*time.Hour, 1<<30, 5_000_000
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("operator's update: %v", err)
+	}
+
+	if s, err = stream.Ensure(ctx, js, stream.Settings{DuplicateWindow: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	got := s.CachedInfo().Config
+	if got.Duplicates != time.Minute {
+		t.Errorf("duplicate window after Ensure with 1m = %v, want 1m", got.Duplicates)
+	}
+	if got.MaxAge != 72*time.Hour || got.MaxBytes != 1<<30 || got.MaxMsgs != 5_000_000 {
+		t.Errorf("operator's limits after Ensure: MaxAge %v, MaxBytes %d, MaxMsgs %d; want 72h, %d, 5000000",
+			got.MaxAge, got.MaxBytes, got.MaxMsgs, 1<<30)
+	}
+}

@@ -122,10 +122,27 @@ func apply(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConf
 	if err != nil {
 		return nil, err
 	}
-	if !update || upToDate(s.CachedInfo().Config, cfg) {
+	have := s.CachedInfo().Config
+	if !update || upToDate(have, cfg) {
 		return s, nil
 	}
-	return js.UpdateStream(ctx, cfg)
+	return js.UpdateStream(ctx, withOurs(have, cfg))
+}
+
+// withOurs is the stream's config have with the settings this package owns
+// taken from want (those upToDate compares), and every other one kept: the
+// limits an operator set on the stream (MaxAge, MaxBytes, MaxMsgs, ...)
+// survive a relay's start with other settings. An update sends a whole
+// config, and a field left zero in it is reset to its default.
+func withOurs(have, want jetstream.StreamConfig) jetstream.StreamConfig {
+	have.Description = want.Description
+	have.Subjects = want.Subjects
+	have.Storage = want.Storage
+	have.Retention = want.Retention
+	have.Duplicates = want.Duplicates
+	have.Replicas = want.Replicas
+	have.AllowAtomicPublish = want.AllowAtomicPublish
+	return have
 }
 
 // upToDate reports whether the stream's config has every setting of want.

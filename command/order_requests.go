@@ -18,6 +18,7 @@ import (
 const (
 	requestPay    = "pay"
 	requestUpdate = "update"
+	requestRefund = "refund"
 )
 
 const (

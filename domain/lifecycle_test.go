@@ -360,3 +360,52 @@ func TestPayRefusesAnUnchargeableTotal(t *testing.T) {
 		}
 	}
 }
+
+func TestRetryRefundStartsTheNextAttemptOnlyAfterAFailure(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	o := orderIn(t, domain.StatusPaid)
+	if _, err := o.RetryRefund(now); domain.KindOf(err) != domain.KindConflict {
+		t.Fatalf("refund of a paid order (not cancelled): err %v, want KindConflict", err)
+	}
+	if _, err := o.Cancel("fraud", now); err != nil {
+		t.Fatal(err)
+	}
+	v := o.Version
+	if ev, err := o.RetryRefund(now); ev != nil || err != nil || o.Version != v {
+		t.Fatalf("refund while attempt 1 is pending: %v %v (version %d → %d), want nothing", ev, err, v, o.Version)
+	}
+	if _, err := o.RecordRefund(1, domain.RefundOutcome{Reason: "declined"}, now); err != nil {
+		t.Fatal(err)
+	}
+	v = o.Version
+	ev, err := o.RetryRefund(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := domain.RefundKey("t1", o.ID, 2)
+	r := ev.(domain.RefundRequested)
+	if r.Attempt != 2 || r.RefundKey != key || r.ChargeID != "pi_1" || r.Amount != o.Total || r.Currency != o.Currency {
+		t.Fatalf("refund requested again: %+v", r)
+	}
+	if o.Version != v+1 || o.Refund.Status != domain.RefundPending || o.Refund.Attempt != 2 || o.Refund.Key != key || o.Refund.FailureReason != "" {
+		t.Fatalf("order after the retry: version %d (was %d), refund %+v", o.Version, v, o.Refund)
+	}
+	if ev, _ := o.RecordRefund(1, domain.RefundOutcome{Reason: "declined"}, now); ev != nil {
+		t.Fatal("a late outcome of attempt 1 applied to attempt 2")
+	}
+	if _, err := o.RecordRefund(2, domain.RefundOutcome{RefundID: "re_2", Amount: o.Total, Currency: o.Currency, Succeeded: true}, now); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := o.RetryRefund(now); ev != nil || err != nil {
+		t.Fatalf("refund of a refunded order: %v %v, want nothing", ev, err)
+	}
+
+	never := orderIn(t, domain.StatusPending)
+	if _, err := never.Cancel("fraud", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := never.RetryRefund(now); domain.KindOf(err) != domain.KindConflict {
+		t.Fatalf("refund of a cancelled order never paid: err %v, want KindConflict", err)
+	}
+}

@@ -236,7 +236,36 @@ func (o *Order) RecordRefund(attempt int, r RefundOutcome, now time.Time) (Event
 	}, nil
 }
 
-// requestRefund starts refund attempt 1 of a paid order being cancelled.
+// RetryRefund asks for the refund of a cancelled order again after its
+// refund failed: refund attempt+1 of the full total, with its derived
+// RefundKey (RefundRequested, as at the cancellation). An order whose
+// refund is pending or succeeded changes nothing and returns a nil event
+// (under way or done); any other order is a KindConflict error: one not
+// cancelled (cancel a paid order to refund it), or cancelled without ever
+// being paid (nothing to refund).
+func (o *Order) RetryRefund(now time.Time) (Event, error) {
+	if o.Status != StatusCancelled {
+		return nil, &Error{
+			Kind:    KindConflict,
+			Message: fmt.Sprintf("cannot refund an order that is %s: only a cancelled order is refunded (cancelling a paid order refunds it)", o.Status),
+			State:   string(o.Status),
+		}
+	}
+	switch o.Refund.Status {
+	case RefundPending, RefundSucceeded:
+		return nil, nil
+	case RefundFailed:
+		return o.requestRefund(now), nil
+	}
+	return nil, &Error{
+		Kind:    KindConflict,
+		Message: "cannot refund this cancelled order: it was never paid, so there is nothing to refund",
+		State:   string(o.Status),
+	}
+}
+
+// requestRefund starts the next refund attempt (1 at the cancellation of a
+// paid order; one more at each RetryRefund).
 func (o *Order) requestRefund(now time.Time) RefundRequested {
 	attempt := o.Refund.Attempt + 1
 	o.Refund = Refund{Status: RefundPending, Attempt: attempt, Key: RefundKey(o.TenantID, o.ID, attempt), RequestedAt: &now}

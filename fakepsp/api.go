@@ -210,7 +210,7 @@ func (s *Server) createRefund(ctx context.Context, tx pgx.Tx, key string, form u
 		return invalidRequest(http.StatusBadRequest, "amount_too_large", "amount", fmt.Sprintf("Refund amount (%d) is greater than unrefunded amount on charge (%d)", amount, left)), false, nil
 	}
 	rf := LedgerRefund{ID: newID("re"), PaymentIntent: piID, ChargeID: chg, Amount: amount, Currency: currency, Status: "succeeded", Metadata: meta}
-	if testMethods[pm].refundFails {
+	if testMethods[pm].refundFails || s.failRefundNow() {
 		rf.Status, rf.FailureReason = "failed", "declined"
 	}
 	metaJSON, err := json.Marshal(meta)

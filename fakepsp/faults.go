@@ -38,6 +38,10 @@ type Faults struct {
 	// LoseMode is how an answer is lost: LoseClose (the default when empty)
 	// or LoseStall.
 	LoseMode string `json:"lose_mode"`
+	// FailNextRefunds makes the next FailNextRefunds refunds fail (status
+	// failed, failure_reason "declined"), whatever the card, counted down
+	// as they are made (deterministic, for tests of a refund asked again).
+	FailNextRefunds int `json:"fail_next_refunds"`
 }
 
 // Validate reports the first field that is out of range.
@@ -51,6 +55,8 @@ func (f Faults) Validate() error {
 		return fmt.Errorf("lose_response_rate must be 0 to 1, got %v", f.LoseResponseRate)
 	case f.LoseNext < 0:
 		return fmt.Errorf("lose_next must not be negative, got %d", f.LoseNext)
+	case f.FailNextRefunds < 0:
+		return fmt.Errorf("fail_next_refunds must not be negative, got %d", f.FailNextRefunds)
 	case f.LoseMode != "" && f.LoseMode != LoseClose && f.LoseMode != LoseStall:
 		return fmt.Errorf("lose_mode must be %q or %q, got %q", LoseClose, LoseStall, f.LoseMode)
 	}
@@ -92,7 +98,8 @@ func (s *Server) SetFaults(f Faults) error {
 	return nil
 }
 
-// Faults returns the faults injected now (LoseNext counted down so far).
+// Faults returns the faults injected now (LoseNext and FailNextRefunds
+// counted down so far).
 func (s *Server) Faults() Faults {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -124,6 +131,18 @@ func (s *Server) loseNow() (bool, string) {
 		return true, s.faults.LoseMode
 	}
 	return s.faults.LoseResponseRate > 0 && rand.Float64() < s.faults.LoseResponseRate, s.faults.LoseMode
+}
+
+// failRefundNow decides whether the refund being made fails
+// (FailNextRefunds).
+func (s *Server) failRefundNow() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.faults.FailNextRefunds > 0 {
+		s.faults.FailNextRefunds--
+		return true
+	}
+	return false
 }
 
 // loseResponse drops the connection of r without an answer, at once or

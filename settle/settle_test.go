@@ -1031,6 +1031,80 @@ func TestAFailedRefundFoundByKeyIsRecordedNotAskedAgain(t *testing.T) {
 	}
 }
 
+// A refund that failed, asked for again (POST /refund): attempt 2 goes to
+// the provider under its own key and refunds the charge once; the
+// provider holds the failed refund and the succeeded one, and the order
+// its refund of attempt 2. Asking again after that changes nothing.
+func TestARefundAskedAgainAfterAFailureRefundsOnce(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{FailNextRefunds: 1})
+	r.start(t, settle.Config{})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.cancel(t, id)
+	r.publish(t, id, domain.TypeRefundRequested, 0)
+	testenv.Eventually(t, 15*time.Second, "refund 1 recorded", func() bool {
+		_, rf, _ := r.get(t, id)
+		return rf != "pending"
+	})
+	if _, rf, _ := r.get(t, id); rf != "failed" {
+		t.Fatalf("refund 1 %s, want failed", rf)
+	}
+
+	refundAgain := func() domain.Order {
+		t.Helper()
+		var o domain.Order
+		err := postgres.InTx(context.Background(), r.db, func(tx pgx.Tx) error {
+			var err error
+			o, err = command.NewRefundOrderHandler().Handle(context.Background(), tx, command.RefundOrder{TenantID: r.tenant, Key: uuid.NewString(), OrderID: id})
+			return err
+		})
+		if err != nil {
+			t.Fatalf("refund again: %v", err)
+		}
+		return o
+	}
+	if o := refundAgain(); o.Refund.Status != domain.RefundPending || o.Refund.Attempt != 2 {
+		t.Fatalf("after asking again: refund %+v, want attempt 2 pending", o.Refund)
+	}
+	r.publish(t, id, domain.TypeRefundRequested, 1) // and a copy, as a late republish
+	testenv.Eventually(t, 15*time.Second, "refund 2 recorded", func() bool {
+		_, rf, _ := r.get(t, id)
+		return rf != "pending"
+	})
+	if _, rf, _ := r.get(t, id); rf != "succeeded" {
+		t.Fatalf("refund 2 %s, want succeeded", rf)
+	}
+	if o := refundAgain(); o.Refund.Status != domain.RefundSucceeded || o.Refund.Attempt != 2 {
+		t.Fatalf("asking after it succeeded: refund %+v, want attempt 2 succeeded, unchanged", o.Refund)
+	}
+
+	l := fakepsptest.Ledger(t, r.psp)
+	var failed, succeeded int
+	var refunded int64
+	for _, rf := range l.Refunds {
+		switch rf.Status {
+		case "failed":
+			failed++
+		case "succeeded":
+			succeeded++
+			refunded += rf.Amount
+		}
+	}
+	if failed != 1 || succeeded != 1 || refunded != 2500 {
+		t.Fatalf("refunds at the provider: %+v; want one failed and one succeeded of 2500", l.Refunds)
+	}
+	var rows int
+	if err := r.db.QueryRow(context.Background(), `SELECT count(*) FROM payments WHERE order_id = $1 AND kind = 'refund' AND status = 'succeeded'`, id).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 {
+		t.Fatalf("%d succeeded refund rows in payments, want 1", rows)
+	}
+}
+
 // G9, the window: a tenant with more slow intents than the consumer's
 // in-flight window holds cannot fill it. Its excess is parked out of the
 // window (acked), not handed back to wait in it, so another tenant's intent

@@ -49,6 +49,41 @@ WHERE o.id = $1 ORDER BY e.aggregate_version DESC LIMIT 1`, orderID).Scan(&ev, &
 	return o
 }
 
+// SettleRefund records the payment worker's outcome of the order's current
+// refund attempt (succeeded, or failed), as the worker will, and returns
+// the order.
+func SettleRefund(tb testing.TB, db postgres.DB, orderID uuid.UUID, ok bool) domain.Order {
+	tb.Helper()
+	ctx := context.Background()
+	var (
+		ev       uuid.UUID
+		tenant   string
+		attempt  int
+		total    int64
+		currency string
+	)
+	err := db.QueryRow(ctx, `
+SELECT e.id, o.tenant_id, (o.refund->>'attempt')::int, o.total, o.currency
+FROM orders o JOIN outbox e ON e.aggregate_id = o.id AND e.event_type = 'refund.requested'
+WHERE o.id = $1 ORDER BY e.aggregate_version DESC LIMIT 1`, orderID).Scan(&ev, &tenant, &attempt, &total, &currency)
+	if err != nil {
+		tb.Fatalf("find the refund request of order %s: %v", orderID, err)
+	}
+	out := command.RefundOutcome{Amount: total, Currency: currency, Succeeded: ok}
+	if ok {
+		out.RefundID = "re_" + strings.ReplaceAll(ev.String(), "-", "")[:24]
+	} else {
+		out.Reason = "declined"
+	}
+	o, err := command.NewRecordRefundOutcomeHandler(db).Handle(ctx, command.RecordRefundOutcome{
+		TenantID: tenant, OrderID: orderID, Attempt: attempt, Consumer: "test", EventID: ev, Refund: out,
+	})
+	if err != nil {
+		tb.Fatalf("record the refund of order %s: %v", orderID, err)
+	}
+	return o
+}
+
 // Pool opens a pool on the database at url (for example one DatabaseURL
 // made), closed when the test ends.
 func Pool(tb testing.TB, url string) postgres.DB {

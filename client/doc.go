@@ -1,7 +1,7 @@
 // Package client is the Go client of the orders service's REST API (/v1).
 //
 // It makes safe retries the default. Every call that changes state
-// (CreateOrder, PayOrder, ShipOrder, CancelOrder, UpdateOrder) is one
+// (CreateOrder, PayOrder, ShipOrder, CancelOrder, RefundOrder, UpdateOrder) is one
 // logical call: it gets one Idempotency-Key, a fresh UUIDv7 unless the
 // caller passes WithIdempotencyKey, and its body is encoded once. The call
 // is sent again, with the same key and the same body bytes, after a network

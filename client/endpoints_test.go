@@ -69,6 +69,9 @@ func TestEveryEndpoint(t *testing.T) {
 	if err != nil || other.Status != "cancelled" {
 		t.Fatalf("cancel: %+v, %v", other, err)
 	}
+	if _, err := c.RefundOrder(ctx, other.ID); !client.IsConflict(err) {
+		t.Fatalf("refund of an order never paid: %v; want a conflict", err)
+	}
 
 	sum, err := c.CustomerSummary(ctx, "c-life", &client.Position{OrderID: o.ID, Version: o.Version})
 	if err != nil || sum.Orders["shipped"] != 1 || len(sum.Totals) != 1 || sum.Totals[0].Paid.Int64() != 3998 {

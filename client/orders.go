@@ -168,6 +168,17 @@ func (c *Client) CancelOrder(ctx context.Context, id, reason string, opts ...Cal
 	return c.order(ctx, request{method: http.MethodPost, path: orderPath(id) + "/cancel", body: body, keyed: true}, opts)
 }
 
+// RefundOrder asks again for the refund of a cancelled order whose refund
+// failed: 202 when it started a new refund attempt (the refund happens
+// later; wait for version Version+1 to see its outcome), 200 with the
+// order as it is when its refund is pending or succeeded. An order not
+// cancelled, or cancelled without having been paid, is a conflict; so is a
+// late retry of an expired key whose refund attempt failed since
+// (ConflictLocation names the order: read it; no attempt is started again).
+func (c *Client) RefundOrder(ctx context.Context, id string, opts ...CallOption) (*Order, error) {
+	return c.order(ctx, request{method: http.MethodPost, path: orderPath(id) + "/refund", body: struct{}{}, keyed: true}, opts)
+}
+
 // UpdateOrder changes the shipping address and/or note of the order at
 // version (If-Match). Another current version is a precondition-failed
 // *Problem (IsPreconditionFailed): read the order again and decide anew.

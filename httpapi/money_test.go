@@ -100,6 +100,7 @@ func TestReportsShowMoneySumsExactlyPastInt64(t *testing.T) {
 		PayOrder:           command.NewPayOrderHandler(),
 		ShipOrder:          command.NewShipOrderHandler(),
 		CancelOrder:        command.NewCancelOrderHandler(),
+		RefundOrder:        command.NewRefundOrderHandler(),
 		UpdateOrder:        command.NewUpdateOrderHandler(),
 		GetOrder:           query.NewGetOrderHandler(a.db, nil),
 		ListOrders:         query.NewListOrdersHandler(a.db),

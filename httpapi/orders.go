@@ -101,6 +101,7 @@ const (
 	scopePayOrder    = "POST /v1/orders/{id}/pay"
 	scopeShipOrder   = "POST /v1/orders/{id}/ship"
 	scopeCancelOrder = "POST /v1/orders/{id}/cancel"
+	scopeRefundOrder = "POST /v1/orders/{id}/refund"
 	scopeUpdateOrder = "PATCH /v1/orders/{id}"
 )
 
@@ -251,6 +252,29 @@ func (s *Server) cancelOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	runOrderCommand(s, w, r, key, scopeCancelOrder, cmd, s.CancelOrder, http.StatusOK)
+}
+
+// refundOrder handles POST /v1/orders/{id}/refund (no body, or {}): the
+// refund of a cancelled order asked again after it failed. 202 with the
+// order and its Location when it recorded a new refund attempt (the
+// refund happens later, through the outbox and the payment worker, as
+// the cancellation's did), 200 with the order as it is when its refund is
+// pending or succeeded, 409 for an order not cancelled or never paid.
+func (s *Server) refundOrder(w http.ResponseWriter, r *http.Request) {
+	key, id, ok := s.keyedOrderRequest(w, r)
+	if !ok || !s.decodeOptional(w, r, &struct{}{}) {
+		return
+	}
+	cmd := command.RefundOrder{TenantID: tenantOf(r), Key: key, OrderID: id}
+	if cmd.ExpectedVersion, ok = s.optionalIfMatch(w, r); !ok {
+		return
+	}
+	runOrderCommandFunc(s, w, r, key, scopeRefundOrder, cmd, s.RefundOrder, func(out command.Outcome) int {
+		if out.Changed {
+			return http.StatusAccepted
+		}
+		return http.StatusOK
+	})
 }
 
 // updateOrder handles PATCH /v1/orders/{id}: a merge patch of

@@ -65,6 +65,7 @@ func newAPIWith(tb testing.TB, db *pgxpool.Pool, cfg command.IdempotencyConfig) 
 		PayOrder:    command.NewPayOrderHandler(),
 		ShipOrder:   command.NewShipOrderHandler(),
 		CancelOrder: command.NewCancelOrderHandler(),
+		RefundOrder: command.NewRefundOrderHandler(),
 		UpdateOrder: command.NewUpdateOrderHandler(),
 		GetOrder:    query.NewGetOrderHandler(db, nil),
 		ListOrders:  query.NewListOrdersHandler(db),

@@ -237,3 +237,100 @@ func TestPayOfAnUnchargeableTotalIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A refund that failed is asked for again with POST /refund: a new refund
+// attempt with its own key (202), never while one is pending or after one
+// succeeded (200, nothing written), never for an order not cancelled or
+// never paid (409, nothing written). A retry of the request replays.
+func TestRefundOverHTTP(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	refund := func(id, key string) response {
+		return a.do(t, http.MethodPost, "/v1/orders/"+id+"/refund", map[string]string{"Idempotency-Key": key}, "")
+	}
+	refundRequests := func(id string) []string {
+		rows, err := a.db.Query(context.Background(), `SELECT payload->'data'->>'refund_key' FROM outbox
+WHERE aggregate_id = $1 AND event_type = 'refund.requested' ORDER BY aggregate_version`, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				t.Fatal(err)
+			}
+			keys = append(keys, k)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return keys
+	}
+	cancel := func(id string) {
+		if r := a.do(t, http.MethodPost, "/v1/orders/"+id+"/cancel", map[string]string{"Idempotency-Key": "cancel-" + id}, `{"reason":"changed my mind"}`); r.status != 200 {
+			t.Fatalf("cancel: %d %s", r.status, r.body)
+		}
+	}
+
+	// Not cancelled, or cancelled never paid: 409, nothing written.
+	pending := decodeOrder(t, a.post(t, "create-pending", validBody))
+	if r := refund(pending.ID, "refund-pending"); r.status != 409 || !strings.Contains(string(r.body), `"current_status":"pending"`) {
+		t.Fatalf("refund of a pending order: %d %s", r.status, r.body)
+	}
+	cancel(pending.ID)
+	_, _, _, events := a.counts(t)
+	if r := refund(pending.ID, "refund-never-paid"); r.status != 409 || !strings.Contains(string(r.body), "never paid") {
+		t.Fatalf("refund of a cancelled order never paid: %d %s", r.status, r.body)
+	}
+	if _, _, _, e := a.counts(t); e != events {
+		t.Fatalf("a refused refund wrote %d events", e-events)
+	}
+
+	paid := decodeOrder(t, a.post(t, "create-paid", validBody))
+	if r := a.do(t, http.MethodPost, "/v1/orders/"+paid.ID+"/pay", map[string]string{"Idempotency-Key": "pay-paid"}, ""); r.status != 202 {
+		t.Fatalf("pay: %d %s", r.status, r.body)
+	}
+	a.charge(t, paid.ID, true)
+	if r := refund(paid.ID, "refund-paid"); r.status != 409 || !strings.Contains(string(r.body), "cancel") {
+		t.Fatalf("refund of a paid order not cancelled: %d %s", r.status, r.body)
+	}
+	cancel(paid.ID) // refund attempt 1, version 5
+	if r := refund(paid.ID, "refund-while-pending"); r.status != 200 || decodePay(t, r).Refund != "pending" || len(refundRequests(paid.ID)) != 1 {
+		t.Fatalf("refund while attempt 1 is pending: %d %s, %d refund requests", r.status, r.body, len(refundRequests(paid.ID)))
+	}
+
+	// Attempt 1 failed: asked again, attempt 2 with its own key.
+	if o := testenv.SettleRefund(t, a.db, uuid.MustParse(paid.ID), false); o.Refund.Status != domain.RefundFailed {
+		t.Fatalf("refund 1 recorded as %q, want failed", o.Refund.Status)
+	}
+	again := refund(paid.ID, "refund-again")
+	o := decodePay(t, again)
+	if again.status != 202 || again.header.Get("Location") != "/v1/orders/"+paid.ID || o.Refund != "pending" || o.Version != 7 ||
+		!strings.Contains(string(again.body), `"refund_details":{"attempt":2}`) {
+		t.Fatalf("refund after a failed one: %d %v %s", again.status, again.header, again.body)
+	}
+	keys := refundRequests(paid.ID)
+	if len(keys) != 2 || !strings.HasSuffix(keys[0], ":refund:1") || !strings.HasSuffix(keys[1], ":refund:2") {
+		t.Fatalf("refund keys %q: want one per attempt", keys)
+	}
+	// Its retry replays; another key while attempt 2 is pending changes nothing.
+	if r := refund(paid.ID, "refund-again"); r.status != 202 || r.header.Get("Idempotent-Replayed") != "true" || len(refundRequests(paid.ID)) != 2 {
+		t.Fatalf("retry of the refund: %d %v %s", r.status, r.header, r.body)
+	}
+	if r := refund(paid.ID, "refund-again-other"); r.status != 200 || len(refundRequests(paid.ID)) != 2 {
+		t.Fatalf("refund with another key while attempt 2 is pending: %d %s", r.status, r.body)
+	}
+
+	// Succeeded: asked again, nothing.
+	if o := testenv.SettleRefund(t, a.db, uuid.MustParse(paid.ID), true); o.Refund.Status != domain.RefundSucceeded {
+		t.Fatalf("refund 2 recorded as %q, want succeeded", o.Refund.Status)
+	}
+	if r := refund(paid.ID, "refund-after-success"); r.status != 200 || decodePay(t, r).Refund != "succeeded" || len(refundRequests(paid.ID)) != 2 {
+		t.Fatalf("refund of a refunded order: %d %s", r.status, r.body)
+	}
+	// A body refund does not take: 400, nothing written.
+	if r := a.do(t, http.MethodPost, "/v1/orders/"+paid.ID+"/refund", map[string]string{"Idempotency-Key": "refund-body"}, `{"amount":1}`); r.status != 400 {
+		t.Fatalf("a body on refund: %d %s", r.status, r.body)
+	}
+}

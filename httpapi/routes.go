@@ -57,6 +57,7 @@ func (s *Server) routes() http.Handler {
 		r.Post("/orders/{id}/pay", s.payOrder)
 		r.Post("/orders/{id}/ship", s.shipOrder)
 		r.Post("/orders/{id}/cancel", s.cancelOrder)
+		r.Post("/orders/{id}/refund", s.refundOrder)
 		r.Get("/customers/{id}/summary", s.customerSummary)
 		r.Get("/reports/daily-sales", s.dailySales)
 		r.Get("/idempotency-keys/{key}", s.getIdempotencyKey)

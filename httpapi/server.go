@@ -57,6 +57,7 @@ var (
 	_ OrderCommand[command.PayOrder]                         = command.PayOrderHandler{}
 	_ OrderCommand[command.ShipOrder]                        = command.ShipOrderHandler{}
 	_ OrderCommand[command.CancelOrder]                      = command.CancelOrderHandler{}
+	_ OrderCommand[command.RefundOrder]                      = command.RefundOrderHandler{}
 	_ OrderCommand[command.UpdateOrder]                      = command.UpdateOrderHandler{}
 	_ Query[query.GetOrder, domain.Order]                    = query.GetOrderHandler{}
 	_ Query[query.ListOrders, query.OrderPage]               = query.ListOrdersHandler{}
@@ -76,6 +77,7 @@ type Deps struct {
 	PayOrder    OrderCommand[command.PayOrder]
 	ShipOrder   OrderCommand[command.ShipOrder]
 	CancelOrder OrderCommand[command.CancelOrder]
+	RefundOrder OrderCommand[command.RefundOrder]
 	UpdateOrder OrderCommand[command.UpdateOrder]
 
 	GetOrder           Query[query.GetOrder, domain.Order]

@@ -489,6 +489,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		PayOrder:           command.NewPayOrderHandler(),
 		ShipOrder:          command.NewShipOrderHandler(),
 		CancelOrder:        command.NewCancelOrderHandler(),
+		RefundOrder:        command.NewRefundOrderHandler(),
 		UpdateOrder:        command.NewUpdateOrderHandler(),
 		GetOrder:           query.NewGetOrderHandler(shares, changes),
 		ListOrders:         query.NewListOrdersHandler(shares),

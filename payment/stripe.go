@@ -269,6 +269,10 @@ func (s *Stripe) FindRefund(ctx context.Context, chargeID, idempotencyKey string
 // refundOf maps a Refund of charge chargeID; one not settled yet is an
 // ErrTransient error.
 func refundOf(re *stripe.Refund, chargeID string) (Refund, error) {
+	if re.ID == "" {
+		// No Refund at all (see chargeOf): the provider may have refunded.
+		return Refund{}, fmt.Errorf("%w: the provider's answer holds no refund (status %q)", ErrTransient, re.Status)
+	}
 	out := Refund{ID: re.ID, ChargeID: chargeID, Currency: strings.ToUpper(string(re.Currency)),
 		Status: RefundSucceeded, FailureReason: string(re.FailureReason)}
 	var err error
@@ -340,6 +344,12 @@ func minorUnits(currency string, units int64) (int64, error) {
 // its amount in minor units. One still processing is an ErrTransient
 // error: no outcome yet.
 func chargeOf(pi *stripe.PaymentIntent, declined *stripe.Error) (Charge, error) {
+	if pi.ID == "" {
+		// No PaymentIntent at all: a 200 whose body is not one (a proxy's
+		// page, a body cut or mangled on the way). The provider may have
+		// charged; only asking again with the key tells.
+		return Charge{}, fmt.Errorf("%w: the provider's answer holds no payment intent (status %q)", ErrTransient, pi.Status)
+	}
 	c := Charge{ID: pi.ID, Currency: strings.ToUpper(string(pi.Currency)), Status: ChargeSucceeded}
 	var err error
 	if c.Amount, err = minorUnits(c.Currency, pi.Amount); err != nil {
@@ -353,6 +363,16 @@ func chargeOf(pi *stripe.PaymentIntent, declined *stripe.Error) (Charge, error) 
 		// decline lets the customer pay again, and both could succeed).
 		// Looked up again by key later (FindCharge reads its live state).
 		return Charge{}, fmt.Errorf("%w: payment intent %s is still processing", ErrTransient, pi.ID)
+	case stripe.PaymentIntentStatusRequiresPaymentMethod, stripe.PaymentIntentStatusCanceled,
+		stripe.PaymentIntentStatusRequiresAction, stripe.PaymentIntentStatusRequiresConfirmation:
+		// Not charged: a decline (the customer may pay again).
+	default:
+		if declined == nil {
+			// requires_capture (money held: we never ask for it), or a
+			// status we do not know: no decline, which would let the
+			// customer pay again while this one may still charge.
+			return Charge{}, fmt.Errorf("%w: payment intent %s is %q, neither charged nor declined", ErrTransient, pi.ID, pi.Status)
+		}
 	}
 	c.Status = ChargeDeclined
 	e := declined

@@ -224,6 +224,46 @@ func TestAChargeStillProcessingIsNoOutcomeYet(t *testing.T) {
 	require.ErrorIs(t, err, payment.ErrTransient)
 }
 
+// A 200 whose body is no PaymentIntent or Refund (a proxy's page, a body
+// mangled on the way), or a PaymentIntent in a status that is neither
+// charged nor declined, is no outcome: the provider may have charged, and
+// a decline would let the customer pay again. Before, `{}` was recorded as
+// a decline with no code, and the next pay charged a second time.
+func TestAnAnswerThatIsNoOutcomeIsTransient(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		`{}`,
+		`{"object":"payment_intent","status":"succeeded","amount":1250,"currency":"eur"}`,
+		`{"id":"pi_1","object":"payment_intent","amount":1250,"currency":"eur","status":"requires_capture"}`,
+		`{"id":"pi_1","object":"payment_intent","amount":1250,"currency":"eur","status":"on_hold"}`,
+		`{"id":"pi_1","object":"payment_intent","amount":1250,"currency":"eur"}`,
+	} {
+		hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			if r.Method == http.MethodGet { // the search
+				_, _ = io.WriteString(w, `{"object":"search_result","data":[`+body+`],"has_more":false}`)
+				return
+			}
+			_, _ = io.WriteString(w, body)
+		}))
+		s := adapter(t, hs.URL, payment.Config{})
+		_, err := s.Charge(context.Background(), chargeReq("k"))
+		require.ErrorIs(t, err, payment.ErrTransient, "charge answered %s", body)
+		_, _, err = s.FindCharge(context.Background(), "k")
+		require.ErrorIs(t, err, payment.ErrTransient, "search answered %s", body)
+		hs.Close()
+	}
+
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	defer hs.Close()
+	s := adapter(t, hs.URL, payment.Config{})
+	_, err := s.Refund(context.Background(), payment.RefundRequest{IdempotencyKey: "k", ChargeID: "pi_1", Amount: 1250, Currency: "EUR"})
+	require.ErrorIs(t, err, payment.ErrTransient)
+}
+
 // Any other refused request is ours to fix: permanent, dead-lettered;
 // a payment_method refused for how we sent it (not for what it is) too.
 func TestInvalidRequestIsPermanent(t *testing.T) {

@@ -63,6 +63,14 @@ func (w *Worker) settleEnvelope(ctx context.Context, consumer string, env domain
 		w.stats.duplicate(consumer)
 		return result{verdict: done}
 	}
+	if time.Since(env.OccurredAt) > oldIntent {
+		// A first delivery of an old intent: a consumer created again
+		// (it delivers the stream from its start), or a copy published
+		// again after the stream was lost. An earlier delivery may have
+		// charged, and a provider that has forgotten the key by now would
+		// charge again: look it up first, as for a redelivery.
+		redelivered = true
+	}
 	switch {
 	case consumer == ChargeConsumer && env.Type == domain.TypePaymentRequested:
 		return w.charge(ctx, env, redelivered)
@@ -71,6 +79,12 @@ func (w *Worker) settleEnvelope(ctx context.Context, consumer string, env domain
 	}
 	return result{verdict: dead, err: fmt.Errorf("%w: consumer %s cannot settle a %s event", domain.ErrMalformedEvent, consumer, env.Type)}
 }
+
+// oldIntent is the age past which an intent is looked up at the provider
+// before it is settled, even on its first delivery here: far under the
+// 24 h the provider keeps a key (and any clock skew between the api that
+// stamped it and this worker), far over what a live intent waits.
+const oldIntent = time.Hour
 
 // recorded reports whether consumer recorded the outcome of event id.
 func (w *Worker) recorded(ctx context.Context, consumer string, id uuid.UUID) (bool, error) {

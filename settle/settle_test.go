@@ -1031,6 +1031,33 @@ func TestAFailedRefundFoundByKeyIsRecordedNotAskedAgain(t *testing.T) {
 	}
 }
 
+// An intent older than an hour on its first delivery here (a consumer
+// created again delivers the stream from its start; a copy published again
+// after the stream was lost) is looked up by key before it is charged: an
+// earlier delivery may have charged it, and the provider has forgotten
+// the key by now, so charging would charge again.
+func TestAnOldIntentOnItsFirstDeliveryIsLookedUpFirst(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, fakepsp.Config{KeyTTL: time.Second})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	// The earlier delivery: charged, then the worker died before recording.
+	key := domain.ChargeKey(r.tenant, id, 1)
+	if _, err := r.provider.Charge(context.Background(), payment.ChargeRequest{IdempotencyKey: key, Amount: 2500, Currency: "EUR",
+		PaymentMethod: domain.DefaultPaymentMethod, Metadata: map[string]string{"tenant_id": r.tenant, "order_id": id.String(), "attempt": "1"}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the provider forgets the key
+	if _, err := r.db.Exec(context.Background(), `UPDATE outbox SET payload = jsonb_set(payload, '{occurred_at}', to_jsonb(now() - interval '2 hours'))
+WHERE aggregate_id = $1 AND event_type = 'payment.requested'`, id); err != nil {
+		t.Fatal(err)
+	}
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.start(t, settle.Config{})
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+}
+
 // A refund that failed, asked for again (POST /refund): attempt 2 goes to
 // the provider under its own key and refunds the charge once; the
 // provider holds the failed refund and the succeeded one, and the order

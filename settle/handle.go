@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/acme/orders/command"
@@ -79,6 +80,34 @@ func (w *Worker) settleEnvelope(ctx context.Context, consumer string, env domain
 	}
 	return result{verdict: dead, err: fmt.Errorf("%w: consumer %s cannot settle a %s event", domain.ErrMalformedEvent, consumer, env.Type)}
 }
+
+// heldButNotRecorded checks, when another copy of an intent recorded its
+// outcome first, that the record agrees with the provider, which holds the
+// succeeded charge or refund (kind) providerID under key. A record of a
+// decline or failure means a discard settled the intent as "nothing made"
+// while this copy was at the provider: the provider holds money our orders
+// do not show (G8). That is an error naming it, which opens a dead letter
+// for an operator (refund the charge by hand, or record the refund),
+// instead of being acked as a duplicate and forgotten.
+func (w *Worker) heldButNotRecorded(ctx context.Context, key, kind, providerID string) error {
+	var status, recordedID string
+	err := w.db.QueryRow(ctx, `SELECT status, provider_id FROM payments WHERE idempotency_key = $1`, key).Scan(&status, &recordedID)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil // recorded before payments rows were kept
+	case err != nil:
+		return fmt.Errorf("look up the recorded %s %s: %w", kind, key, err)
+	case status == "succeeded":
+		return nil
+	}
+	return fmt.Errorf("%w: the provider holds the succeeded %s %s under key %s, which was recorded as %s (a discard while this copy was at the provider): no order shows it; settle it by hand",
+		ErrProviderDisagrees, kind, providerID, key, status)
+}
+
+// ErrProviderDisagrees is the error of an intent whose recorded outcome
+// the provider contradicts (see heldButNotRecorded): dead-lettered for an
+// operator, never retried on its own.
+var ErrProviderDisagrees = errors.New("the provider holds what our records say it does not")
 
 // oldIntent is the age past which an intent is looked up at the provider
 // before it is settled, even on its first delivery here: far under the
@@ -191,6 +220,11 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bo
 		return recordResult(err)
 	}
 	if !wrote { // a racing copy recorded it
+		if ch.Status == payment.ChargeSucceeded {
+			if err := w.heldButNotRecorded(ctx, req.PaymentKey, "charge", ch.ID); err != nil {
+				return result{verdict: dead, err: err}
+			}
+		}
 		w.stats.duplicate(ChargeConsumer)
 		return result{verdict: done}
 	}
@@ -273,6 +307,11 @@ func (w *Worker) refund(ctx context.Context, env domain.Envelope, redelivered bo
 		return recordResult(err)
 	}
 	if !wrote { // a racing copy recorded it
+		if rf.Status == payment.RefundSucceeded {
+			if err := w.heldButNotRecorded(ctx, req.RefundKey, "refund", rf.ID); err != nil {
+				return result{verdict: dead, err: err}
+			}
+		}
 		w.stats.duplicate(RefundConsumer)
 		return result{verdict: done}
 	}

@@ -1058,6 +1058,52 @@ WHERE aggregate_id = $1 AND event_type = 'payment.requested'`, id); err != nil {
 	r.assertOneCharge(t, id)
 }
 
+// discardDuringCharge charges, then, before answering, records the intent
+// as a discard that found nothing would (a decline): the race of a discard
+// with a copy of the intent at the provider.
+type discardDuringCharge struct {
+	settle.Provider
+	db      *pgxpool.Pool
+	eventID uuid.UUID
+}
+
+func (d discardDuringCharge) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
+	ch, err := d.Provider.Charge(ctx, r)
+	if err != nil {
+		return ch, err
+	}
+	orderID := uuid.MustParse(r.Metadata["order_id"])
+	_, _, rerr := command.NewRecordChargeOutcomeHandler(d.db).HandleRecorded(ctx, command.RecordChargeOutcome{
+		TenantID: r.Metadata["tenant_id"], OrderID: orderID, Attempt: 1, Consumer: settle.ChargeConsumer, EventID: d.eventID,
+		Charge: command.ChargeOutcome{Amount: r.Amount, Currency: r.Currency, DeclineCode: "discarded", Reason: "discarded by an operator"},
+	})
+	if rerr != nil {
+		return payment.Charge{}, rerr
+	}
+	return ch, nil
+}
+
+// A copy of an intent that charged after a discard recorded "no charge"
+// for it is not acked as a duplicate: the provider holds money no order
+// shows, so it opens a dead letter naming the charge.
+func TestAChargeMadeAfterADiscardRecordedNoneIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	var ev uuid.UUID
+	if err := r.db.QueryRow(context.Background(), `SELECT id FROM outbox WHERE aggregate_id = $1 AND event_type = 'payment.requested'`, id).Scan(&ev); err != nil {
+		t.Fatal(err)
+	}
+	r.provider = discardDuringCharge{Provider: r.provider, db: r.db, eventID: ev}
+	r.start(t, settle.Config{})
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	dls := r.waitDeadLetters(t, 15*time.Second, "the charge no order shows")
+	if len(dls) != 1 || !strings.Contains(dls[0].Error, "pi_") || !strings.Contains(dls[0].Error, "recorded as declined") {
+		t.Fatalf("dead letters %+v, want one naming the provider's charge", dls)
+	}
+}
+
 // A refund that failed, asked for again (POST /refund): attempt 2 goes to
 // the provider under its own key and refunds the charge once; the
 // provider holds the failed refund and the succeeded one, and the order

@@ -146,6 +146,20 @@ VALUES ('t1', '2026-11-21', 'EUR', 6002, $1::numeric, $2::numeric)`} {
 		t.Fatalf("summary totals = %+v, want EUR paid %s, JPY paid and refunded %s; body %s", sum.Totals, past, limit, res.body)
 	}
 
+	if !strings.Contains(string(res.body), `"paid":6003`) || !strings.Contains(string(res.body), `"total":6003`) {
+		t.Fatalf("summary counts: body %s, want 6,003 paid orders over the two currencies", res.body)
+	}
+	// Counts summed over currencies past 2^63 - 1 are an error, never a
+	// count wrapped negative.
+	if _, err := a.db.Exec(context.Background(), `
+INSERT INTO customer_summaries (tenant_id, customer_id, currency, orders_pending, total_paid, total_refunded, last_order_at)
+VALUES ('t1', 'c-huge', 'EUR', 9223372036854775807, 0, 0, now()), ('t1', 'c-huge', 'USD', 1, 0, 0, NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	if res := a.do(t, http.MethodGet, "/v1/customers/c-huge/summary", nil, ""); res.status != http.StatusInternalServerError || strings.Contains(string(res.body), "-9223372036854775808") {
+		t.Fatalf("summary whose counts pass 2^63: status %d, body %s; want 500, no wrapped count", res.status, res.body)
+	}
+
 	res = a.do(t, http.MethodGet, "/v1/reports/daily-sales?from=2026-11-21&to=2026-11-21", nil, "")
 	if res.status != http.StatusOK {
 		t.Fatalf("daily sales: status %d; body %s", res.status, res.body)

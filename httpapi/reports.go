@@ -51,12 +51,10 @@ func (s *Server) customerSummary(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := summaryJSON{CustomerID: sum.CustomerID, Orders: map[string]int64{}, LastOrderAt: sum.LastOrderAt}
-	var total int64
 	for _, st := range []domain.Status{domain.StatusPending, domain.StatusPaymentPending, domain.StatusPaymentFailed, domain.StatusPaid, domain.StatusShipped, domain.StatusCancelled} {
 		out.Orders[string(st)] = sum.ByStatus[st]
-		total += sum.ByStatus[st]
 	}
-	out.Orders["total"] = total
+	out.Orders["total"] = sum.Orders
 	for _, t := range sum.Totals {
 		out.Totals = append(out.Totals, currencyTotalJSON{Currency: t.Currency, Paid: t.Paid, Refunded: t.Refunded})
 	}

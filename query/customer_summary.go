@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/google/uuid"
@@ -33,8 +34,10 @@ type GetCustomerSummary struct {
 // refunded: refunds it confirmed, order.refunded), and when the last order
 // was placed.
 type CustomerSummary struct {
-	CustomerID  string
-	ByStatus    map[domain.Status]int64
+	CustomerID string
+	ByStatus   map[domain.Status]int64
+	// Orders is the sum of ByStatus: the customer's orders.
+	Orders      int64
 	Totals      []CurrencyTotals
 	LastOrderAt time.Time
 }
@@ -96,12 +99,19 @@ func (h GetCustomerSummaryHandler) Handle(ctx context.Context, q GetCustomerSumm
 		last                     *time.Time
 	)
 	_, err := pgx.ForEachRow(rows, []any{&t.Currency, &pending, &paying, &failed, &paid, &shipped, &cancelled, &t.Paid, &t.Refunded, &last}, func() error {
-		s.ByStatus[domain.StatusPending] += pending
-		s.ByStatus[domain.StatusPaymentPending] += paying
-		s.ByStatus[domain.StatusPaymentFailed] += failed
-		s.ByStatus[domain.StatusPaid] += paid
-		s.ByStatus[domain.StatusShipped] += shipped
-		s.ByStatus[domain.StatusCancelled] += cancelled
+		for st, n := range map[domain.Status]int64{
+			domain.StatusPending: pending, domain.StatusPaymentPending: paying, domain.StatusPaymentFailed: failed,
+			domain.StatusPaid: paid, domain.StatusShipped: shipped, domain.StatusCancelled: cancelled,
+		} {
+			// Checked, as every sum of the read side: a count a row holds
+			// is checked by PostgreSQL, their sums over currencies here.
+			byStatus, ok1 := addCount(s.ByStatus[st], n)
+			orders, ok2 := addCount(s.Orders, n)
+			if !ok1 || !ok2 {
+				return fmt.Errorf("customer %q: the count of %s orders passes 2^63-1", q.CustomerID, st)
+			}
+			s.ByStatus[st], s.Orders = byStatus, orders
+		}
 		s.Totals = append(s.Totals, t)
 		if last != nil && last.After(s.LastOrderAt) {
 			s.LastOrderAt = last.UTC()
@@ -115,4 +125,13 @@ func (h GetCustomerSummaryHandler) Handle(ctx context.Context, q GetCustomerSumm
 		return CustomerSummary{}, domain.Errorf(domain.KindNotFound, "customer %q has no orders", q.CustomerID)
 	}
 	return s, nil
+}
+
+// addCount returns a+b of two counts (never negative), and false if it
+// passes the int64 range.
+func addCount(a, b int64) (int64, bool) {
+	if a < 0 || b < 0 || a > math.MaxInt64-b {
+		return 0, false
+	}
+	return a + b, true
 }

@@ -176,8 +176,11 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	})
 }
 
+// redactKey shows a key's first 8 and last 4 characters, as Stripe does,
+// and only those of a key long enough to hide at least as many: a shorter
+// one is all stars (one of 9 to 11 characters used to panic the handler).
 func redactKey(k string) string {
-	if len(k) <= 8 {
+	if len(k) < 24 {
 		return strings.Repeat("*", len(k))
 	}
 	return k[:8] + strings.Repeat("*", len(k)-12) + k[len(k)-4:]

@@ -2,6 +2,7 @@ package fakepsp_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,4 +46,22 @@ func TestConfigAndFaultsValidate(t *testing.T) {
 	require.NoError(t, fakepsp.Faults{LatencyMS: 10, ErrorRate: 0.1, LoseResponseRate: 1, LoseNext: 3, LoseMode: fakepsp.LoseStall}.Validate())
 	_, err := fakepsp.New(fakepsp.Config{})
 	require.ErrorContains(t, err, "Config.Pool")
+}
+
+// A wrong API key of any length is refused 401, a permanent error for the
+// adapter (dead-lettered, as at Stripe); one of 9 to 11 characters used to
+// panic the handler, which the adapter took for a lost answer and retried
+// for good. The answer never shows more than a fifth of a short key.
+func TestAnyWrongKeyIsRefused(t *testing.T) {
+	t.Parallel()
+	_, hs := fakepsptest.Start(t, fakepsptest.DatabaseURL(t), fakepsp.Config{})
+	for _, key := range []string{"x", "sk_live_", "sk_live_x", "sk_live_xyz", "sk_live_xyzw", "sk_live_" + strings.Repeat("x", 30)} {
+		s, err := payment.NewStripe(payment.Config{BaseURL: hs.URL, SecretKey: key, Timeout: 5 * time.Second, MaxNetworkRetries: -1})
+		require.NoError(t, err)
+		_, err = s.Charge(context.Background(), payment.ChargeRequest{IdempotencyKey: "k", Amount: 100, Currency: "EUR", PaymentMethod: "pm_card_visa"})
+		require.ErrorIs(t, err, payment.ErrPermanent, "key %q", key)
+		if len(key) > 8 && len(key) < 24 {
+			require.NotContains(t, err.Error(), key[:8], "key %q shown", key)
+		}
+	}
 }

@@ -254,6 +254,9 @@ func runAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 		sub, rest = "token create", rest[2:]
 	case len(rest) > 1 && rest[0] == "token" && rest[1] == "revoke":
 		sub, rest = "token revoke", rest[2:]
+	case len(rest) > 1 && rest[0] == "token" && isHelp(rest[1]):
+		fmt.Fprintln(os.Stderr, apiUsage)
+		return nil
 	case len(rest) > 0 && rest[0] == "token":
 		return fmt.Errorf("unknown token command\n%s", apiUsage)
 	}
@@ -283,7 +286,7 @@ func runAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 
 	// Serving waits for the database as long as it takes; a one-off command
-	// gives up after 30 s.
+	// gives up after about 10 s (openDB).
 	pool, err := openDB(ctx, cfg.databaseURL, cfg.poolSize, sub != "", logger)
 	if err != nil {
 		return err

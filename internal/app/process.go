@@ -304,3 +304,23 @@ func openDB(ctx context.Context, url string, poolSize int, oneOff bool, logger *
 	}
 	return pool, nil
 }
+
+// isHelp reports whether arg asks for help, as the flag package reads it.
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "--h":
+		return true
+	}
+	return false
+}
+
+// takesNoArgs reports whether subcommand sub (of the projector or the
+// worker; "" is serving) takes no positional arguments: any left after its
+// flags is a mistake, such as a mistyped subcommand.
+func takesNoArgs(sub string) bool {
+	switch sub {
+	case "", "status", "dead-letters list":
+		return true
+	}
+	return false
+}

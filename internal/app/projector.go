@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,6 +52,15 @@ func projections() []projection.Projection {
 	return []projection.Projection{projection.OrderViews{}, projection.CustomerSummaries{}, projection.DailySales{}}
 }
 
+// projectionNames lists the projections' names, for messages.
+func projectionNames() string {
+	var names []string
+	for _, p := range projections() {
+		names = append(names, p.Name())
+	}
+	return strings.Join(names, ", ")
+}
+
 type projectorConfig struct {
 	databaseURL, natsURL, httpAddr string
 	logFormat, logLevel            string
@@ -87,6 +97,10 @@ func runProjector(ctx context.Context, args []string, getenv func(string) string
 		case "status", "rebuild":
 			sub, rest = rest[0], rest[1:]
 		case "dead-letters":
+			if len(rest) > 1 && isHelp(rest[1]) {
+				fmt.Fprintln(os.Stderr, projectorUsage)
+				return nil
+			}
 			if len(rest) < 2 || (rest[1] != "list" && rest[1] != "retry" && rest[1] != "discard") {
 				return fmt.Errorf("unknown dead-letters command\n%s", projectorUsage)
 			}
@@ -138,6 +152,19 @@ func runProjector(ctx context.Context, args []string, getenv func(string) string
 	}
 	if err := env.Err(); err != nil {
 		return err
+	}
+	if takesNoArgs(sub) && fs.NArg() > 0 {
+		// A mistyped subcommand ("rebiuld") must not start a projector.
+		return fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), projectorUsage)
+	}
+	if *only != "" {
+		// Every name, not only one: a typo ("customer_summary") would
+		// leave that projection to no process, silently.
+		for _, name := range strings.Split(*only, ",") {
+			if !slices.ContainsFunc(projections(), func(p projection.Projection) bool { return p.Name() == name }) {
+				return fmt.Errorf("-projections: no projection %q (there are %s)\n%s", name, projectionNames(), projectorUsage)
+			}
+		}
 	}
 	switch {
 	case *batchSize < 1 || *batchSize > 1000:

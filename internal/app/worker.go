@@ -60,6 +60,10 @@ const (
 func RunWorker(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	sub, rest := "", args[1:]
 	if len(rest) > 0 && rest[0] == "dead-letters" {
+		if len(rest) > 1 && isHelp(rest[1]) {
+			fmt.Fprintln(os.Stderr, workerUsage)
+			return nil
+		}
 		if len(rest) < 2 || (rest[1] != "list" && rest[1] != "retry" && rest[1] != "discard") {
 			return fmt.Errorf("unknown dead-letters command\n%s", workerUsage)
 		}
@@ -99,6 +103,10 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	if err := env.Err(); err != nil {
 		return err
+	}
+	if takesNoArgs(sub) && fs.NArg() > 0 {
+		// A mistyped subcommand ("dead-lettres list") must not start a worker.
+		return fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), workerUsage)
 	}
 	if *poolSize < 2 {
 		return fmt.Errorf("-db-pool-size must be at least 2, got %d", *poolSize)

@@ -60,7 +60,7 @@ NOISY_TEST := ^TestNoisyNeighbour$$
 test: ## Run all tests and a short fuzz run against a throwaway PostgreSQL (127.0.0.1:54349)
 	@$(call with_test_pg,go test -count=1 -skip '$(NOISY_TEST)' ./... && go test -count=1 -run '$(NOISY_TEST)' ./internal/app && $(call fuzz_all,$(FUZZ_TEST_INPUTS)))
 
-fuzz: ## Fuzz the HTTP API for longer (FUZZTIME=5m)
+fuzz: ## Fuzz the HTTP API for longer (15 s a target; FUZZTIME=5m for more)
 	@$(call with_test_pg,$(call fuzz_all,$(FUZZTIME)))
 
 test/race: ## Like test, with the race detector (without the noisy-neighbour test: it times latencies)

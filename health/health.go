@@ -38,6 +38,12 @@ type Config struct {
 	Interval time.Duration
 	// Timeout bounds each check's run; default DefaultTimeout.
 	Timeout time.Duration
+	// Advisory names checks that the body reports ("ok" or "down") but
+	// that do not make /readyz 503: a dependency the process serves
+	// without (the api's NATS, which only its relay needs: the outbox
+	// holds the events meanwhile, so taking the api out of a load
+	// balancer for it would turn a broker outage into an api outage).
+	Advisory []string
 	// MaxAge is how old the last round may be before /readyz answers 503
 	// "stale" instead (a check that hangs, ignoring its Timeout, stops the
 	// rounds). It must exceed Interval + Timeout, the age a healthy monitor
@@ -153,8 +159,8 @@ func (m *Monitor) refresh(parent context.Context) {
 		m.last[name] = text
 	}
 	word := "ok"
-	for _, up := range results {
-		if !up {
+	for name, up := range results {
+		if !up && !slices.Contains(m.cfg.Advisory, name) {
 			word = "unavailable"
 		}
 	}

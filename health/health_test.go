@@ -142,3 +142,40 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// An advisory check is reported as it is but does not make /readyz 503:
+// the api serves without NATS (the outbox keeps the events), and a load
+// balancer following /readyz took every api out for a broker outage.
+func TestAnAdvisoryCheckDownKeepsTheProcessReady(t *testing.T) {
+	t.Parallel()
+	var pgDown atomic.Bool
+	m, err := health.NewMonitor(map[string]health.Check{
+		"postgres": func(context.Context) error {
+			if pgDown.Load() {
+				return errors.New("down")
+			}
+			return nil
+		},
+		"nats": func(context.Context) error { return errors.New("no servers available") },
+	}, slog.New(slog.DiscardHandler), health.Config{Interval: 20 * time.Millisecond, Advisory: []string{"nats"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := chi.NewRouter()
+	health.Register(mux, m)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { m.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	want := `{"checks":{"nats":"down","postgres":"ok"},"status":"ok"}` + "\n"
+	waitFor(t, func() bool {
+		rec := get(t, mux, "/readyz")
+		return rec.Code == http.StatusOK && rec.Body.String() == want
+	})
+	pgDown.Store(true)
+	want = `{"checks":{"nats":"down","postgres":"down"},"status":"unavailable"}` + "\n"
+	waitFor(t, func() bool {
+		rec := get(t, mux, "/readyz")
+		return rec.Code == http.StatusServiceUnavailable && rec.Body.String() == want
+	})
+}

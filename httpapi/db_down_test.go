@@ -12,10 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/acme/orders/command"
 	"github.com/acme/orders/httpapi"
+	"github.com/acme/orders/internal/testenv"
+	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/query"
 )
 
@@ -89,5 +92,60 @@ func TestDatabaseDownIs503(t *testing.T) {
 			t.Errorf("%s %s with the database down: %d %s Retry-After=%q %s; want 503 database-unavailable problem+json with Retry-After",
 				c.method, c.path, res.StatusCode, res.Header.Get("Content-Type"), res.Header.Get("Retry-After"), b)
 		}
+	}
+}
+
+// A database that cannot serve a request in time (a table locked by DDL,
+// a server that stalls) is answered 503 database-unavailable with
+// Retry-After once the request's deadline passes, while the client still
+// listens: it used to wait for the 60 s statement_timeout and then get a
+// 500 after the server's write timeout, which no client ever received. A
+// read-only database (a standby after a failover) is 503 too, not 500.
+func TestADatabaseThatCannotServeInTimeIs503(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.DatabaseURL(t)
+	db, err := postgres.Open(context.Background(), dbURL, 0, 10*time.Second, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	a := newAPIWithDeps(t, db, command.IdempotencyConfig{}, func(d *httpapi.Deps) { d.RequestTimeout = time.Second })
+	created := decodeOrder(t, a.post(t, "create", validBody))
+
+	locker, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	if _, err := locker.Exec(context.Background(), "BEGIN; LOCK TABLE orders"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, method, path, body string }{
+		{"pay", http.MethodPost, "/v1/orders/" + created.ID + "/pay", ""},
+		{"create", http.MethodPost, "/v1/orders", validBody},
+	} {
+		start := time.Now()
+		r := a.do(t, c.method, c.path, map[string]string{"Idempotency-Key": "locked-" + c.name}, c.body)
+		took := time.Since(start)
+		if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" ||
+			r.header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(r.body), "database-unavailable") {
+			t.Errorf("%s under LOCK TABLE orders: %d %v %s after %s; want 503 database-unavailable with Retry-After", c.name, r.status, r.header, r.body, took)
+		}
+	}
+	if _, err := locker.Exec(context.Background(), "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	// The pay's retry with its key runs now: the timed-out one did not happen.
+	if r := a.do(t, http.MethodPost, "/v1/orders/"+created.ID+"/pay", map[string]string{"Idempotency-Key": "locked-pay"}, ""); r.status != http.StatusAccepted {
+		t.Fatalf("the pay's retry after the lock: %d %s", r.status, r.body)
+	}
+
+	// Read-only: every write is refused by the server, 25006.
+	if _, err := locker.Exec(context.Background(), `ALTER DATABASE `+pgx.Identifier{locker.Config().Database}.Sanitize()+` SET default_transaction_read_only = on`); err != nil {
+		t.Fatal(err)
+	}
+	db.Reset() // new connections take the setting
+	if r := a.post(t, "read-only", validBody); r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
+		t.Fatalf("create on a read-only database: %d %s; want 503 with Retry-After", r.status, r.body)
 	}
 }

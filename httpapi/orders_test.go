@@ -51,12 +51,18 @@ func newAPIOn(tb testing.TB, db *pgxpool.Pool, ttl time.Duration) api {
 // newAPIWith serves the API on db with the idempotency settings cfg.
 func newAPIWith(tb testing.TB, db *pgxpool.Pool, cfg command.IdempotencyConfig) api {
 	tb.Helper()
+	return newAPIWithDeps(tb, db, cfg, nil)
+}
+
+// newAPIWithDeps is newAPIWith with the Deps changed by change (if not nil).
+func newAPIWithDeps(tb testing.TB, db *pgxpool.Pool, cfg command.IdempotencyConfig, change func(*httpapi.Deps)) api {
+	tb.Helper()
 	idem, err := command.NewIdempotency(db, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	clients := auth.NewClients(db, 0)
-	handler := httpapi.New(httpapi.Deps{
+	deps := httpapi.Deps{
 		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Auth:        clients,
 		Idempotency: idem,
@@ -71,7 +77,11 @@ func newAPIWith(tb testing.TB, db *pgxpool.Pool, cfg command.IdempotencyConfig) 
 		ListOrders:  query.NewListOrdersHandler(db),
 
 		GetCustomerSummary: query.NewGetCustomerSummaryHandler(db, nil),
-	})
+	}
+	if change != nil {
+		change(&deps)
+	}
+	handler := httpapi.New(deps)
 	srv := httptest.NewServer(validated(tb, handler))
 	tb.Cleanup(srv.Close)
 	a := api{handler: handler, url: srv.URL, db: db, idem: idem, clients: clients}

@@ -203,20 +203,28 @@ func (s *logSampler) allow(tenant string, now time.Time) (bool, int64) {
 // that clients give up shows there, and in the 499s of the request
 // metrics, not as 5xx).
 func writeProblem(w http.ResponseWriter, r *http.Request, logger *slog.Logger, p *Problem, cause error) {
-	p.Instance = r.URL.Path
-	p.RequestID = requestID(r.Context())
-	if p.Status >= 500 {
+	if p.Status >= 500 && errors.Is(context.Cause(r.Context()), errRequestTimeout) {
+		// Our own deadline (Deps.RequestTimeout), whatever the error that
+		// met it says (a context error, a statement cancelled under it):
+		// the database did not serve the request in time.
+		logger.WarnContext(r.Context(), "request timed out", "request_id", requestID(r.Context()), "method", r.Method, "path", r.URL.Path, "err", cause)
+		p = problem(http.StatusServiceUnavailable, "database-unavailable", "Database unavailable",
+			"The database did not finish this request in time (a lock held by another session, or a server that stalls); retry after Retry-After seconds, with the same Idempotency-Key for a command (it either did not happen or is replayed).")
+		p.header = http.Header{"Retry-After": {"1"}}
+	} else if p.Status >= 500 {
 		if why := gone(r, cause); why != "" {
 			if ok, suppressed := goneLines.allow(tenantOf(r), time.Now()); ok {
-				logger.WarnContext(r.Context(), why, "request_id", p.RequestID, "tenant_id", tenantOf(r), "method", r.Method, "path", r.URL.Path,
+				logger.WarnContext(r.Context(), why, "request_id", requestID(r.Context()), "tenant_id", tenantOf(r), "method", r.Method, "path", r.URL.Path,
 					"err", cause, "suppressed_since_last", suppressed)
 			}
 			p.Type, p.Title, p.Status = ProblemBase+"client-closed-request", "Client closed request", StatusClientClosedRequest
 			p.Detail = "The request ended before its answer: its client closed the connection, or the connection was closed under it."
 		} else {
-			logger.ErrorContext(r.Context(), "request failed", "request_id", p.RequestID, "method", r.Method, "path", r.URL.Path, "err", cause)
+			logger.ErrorContext(r.Context(), "request failed", "request_id", requestID(r.Context()), "method", r.Method, "path", r.URL.Path, "err", cause)
 		}
 	}
+	p.Instance = r.URL.Path
+	p.RequestID = requestID(r.Context())
 	for k, v := range p.header {
 		w.Header()[k] = v
 	}

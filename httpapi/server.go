@@ -110,6 +110,14 @@ type Deps struct {
 	// BodyTimeout bounds how long a request body may take to arrive; the
 	// rest get 408. Default DefaultBodyTimeout.
 	BodyTimeout time.Duration
+	// RequestTimeout bounds a /v1 request from its headers to its answer:
+	// its database work (a table locked by DDL, a server that stalls or
+	// is black-holed) is cancelled then, and the client gets 503
+	// database-unavailable with Retry-After. It must leave room for the
+	// longest legitimate wait (three key waits, a read-your-writes wait)
+	// and end before the server's write timeout, past which no answer is
+	// delivered at all. Default DefaultRequestTimeout.
+	RequestTimeout time.Duration
 }
 
 // The defaults of Deps' waits, and the bound of a read-your-writes wait.
@@ -120,6 +128,9 @@ const (
 	DefaultReadWait = 2 * time.Second
 	// MaxReadWait bounds any read-your-writes wait.
 	MaxReadWait = 10 * time.Second
+	// DefaultRequestTimeout is Deps.RequestTimeout's default: three
+	// default key waits, a read wait and a body's timeout fit in it.
+	DefaultRequestTimeout = 30 * time.Second
 )
 
 // Server serves the API.
@@ -138,6 +149,9 @@ func New(deps Deps) http.Handler {
 	if deps.BodyTimeout <= 0 {
 		deps.BodyTimeout = DefaultBodyTimeout
 	}
+	if deps.RequestTimeout <= 0 {
+		deps.RequestTimeout = DefaultRequestTimeout
+	}
 	if deps.Metrics == nil {
 		deps.Metrics = metrics.Handler(metrics.NewRegistry())
 	}
@@ -154,6 +168,20 @@ const (
 
 // tokenHelp is what a caller without a working token should do.
 const tokenHelp = "Send Authorization: Bearer <token>; `go run ./cmd/api token create -tenant NAME` makes a token."
+
+// deadline bounds the request's context by RequestTimeout (see Deps): the
+// database work under it is cancelled then, and writeProblem answers 503.
+func (s *Server) deadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeoutCause(r.Context(), s.RequestTimeout, errRequestTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// errRequestTimeout is the cause of a request's context ended by its
+// RequestTimeout.
+var errRequestTimeout = errors.New("the request's time ran out")
 
 // authenticate admits requests with a known bearer token and puts the
 // caller's tenant in the context; anything else gets 401 before it can touch

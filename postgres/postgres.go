@@ -162,9 +162,12 @@ func Retryable(err error) bool {
 // connection that could not be made, or that broke under a statement (a
 // network error, the connection closed, its stream cut short), or the
 // server refusing work while it stops, starts or is full (SQLSTATE class 08,
-// 57P01 to 57P03, 53300). Context errors are not, except in a connection
-// attempt: a deadline of our own or a client that left says nothing of the
-// database.
+// 57P01 to 57P03, 53300), or that cannot do it now: a statement or lock
+// wait that timed out (57014, 55P03: a table locked by DDL, a server that
+// stalls), a read-only server (25006: a standby after a failover), a full
+// disk or memory (53100, 53200). Context errors are not, except in a
+// connection attempt: a deadline of our own or a client that left says
+// nothing of the database.
 func Unavailable(err error) bool {
 	var connect *pgconn.ConnectError
 	if errors.As(err, &connect) {
@@ -179,7 +182,10 @@ func Unavailable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "57P01", "57P02", "57P03", "53300": // admin or crash shutdown, starting up, too many connections
+		case "57P01", "57P02", "57P03", "53300", // admin or crash shutdown, starting up, too many connections
+			"57014", CodeLockNotAvailable, // statement or lock wait timed out
+			"25006",          // read-only transaction: a standby
+			"53100", "53200": // disk full, out of memory
 			return true
 		}
 		return strings.HasPrefix(pgErr.Code, "08")

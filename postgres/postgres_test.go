@@ -70,8 +70,11 @@ func TestUnavailableTellsTheDatabaseDownFromOtherFailures(t *testing.T) {
 		{fmt.Errorf("create: %w", pgconn.ErrConnClosed), true},
 		{fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
 		{pg("23505"), false}, // unique violation
-		{pg("57014"), false}, // query cancelled (our own statement timeout)
-		{pg("55P03"), false}, // lock timeout
+		{pg("57014"), true},  // statement timeout: a server that stalls, a table locked by DDL
+		{pg("55P03"), true},  // lock timeout
+		{pg("25006"), true},  // read-only transaction: a standby after a failover
+		{pg("53100"), true},  // disk full
+		{pg("42P01"), false}, // undefined table: a bug of ours
 		{fmt.Errorf("create: %w", context.DeadlineExceeded), false},
 		{connectTimeout(t), true}, // a server that accepts and never answers
 		{fmt.Errorf("create: %w", context.Canceled), false},

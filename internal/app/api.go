@@ -447,10 +447,12 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	wg.Go(func() { postgres.Listen(bgCtx, pool, "projection_applied", logger, changes.Notify) })
 
 	// /readyz answers from the monitor's last round, never from a query of its own.
+	// NATS is advisory: the api serves without it (the outbox keeps the
+	// events until the relay can publish them again).
 	monitor, err := health.NewMonitor(map[string]health.Check{
-		"postgres": pingPool(pool),
+		"postgres": writablePool(pool),
 		"nats":     NATSReady(nc),
-	}, logger.With("component", "health"), health.Config{Interval: cfg.healthInterval})
+	}, logger.With("component", "health"), health.Config{Interval: cfg.healthInterval, Advisory: []string{"nats"}})
 	if err != nil {
 		return err
 	}
@@ -505,14 +507,36 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		InFlight:           inFlight,
 		Tenants:            tenants,
 		BodyTimeout:        cfg.bodyTimeout,
+		RequestTimeout:     requestTimeout(cfg.keyWait),
 	})
 	// Serve returns once in-flight requests are done; the deferred stop of
 	// the background work and the connections runs after that.
 	return ServeConns(ctx, cfg.httpAddr, handler, logger, APIShutdownTimeout, cfg.maxConns, reg)
 }
 
-func pingPool(pool *pgxpool.Pool) health.Check {
-	return func(ctx context.Context) error { return pool.Ping(ctx) }
+// requestTimeout is a /v1 request's deadline (httpapi.Deps.RequestTimeout)
+// with key waits of keyWait: room for three of them and a read-your-writes
+// wait, and 5 s before the server's write timeout, past which an answer is
+// never delivered (a request timed out by the database's own 60 s
+// statement_timeout used to end there, its 500 lost).
+func requestTimeout(keyWait time.Duration) time.Duration {
+	return min(max(httpapi.DefaultRequestTimeout, 3*keyWait+httpapi.MaxReadWait), serverWriteTimeout-5*time.Second)
+}
+
+// writablePool checks that the database takes writes: a hot standby (a
+// failover whose address still names the demoted primary) or a database
+// set read-only answers a ping, and refuses every command.
+func writablePool(pool *pgxpool.Pool) health.Check {
+	return func(ctx context.Context) error {
+		var readOnly bool
+		if err := pool.QueryRow(ctx, `SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool`).Scan(&readOnly); err != nil {
+			return err
+		}
+		if readOnly {
+			return errors.New("the database is read-only (a standby, or default_transaction_read_only)")
+		}
+		return nil
+	}
 }
 
 // backlogMetrics report what waits in the outbox (for every relay): one

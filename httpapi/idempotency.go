@@ -94,8 +94,14 @@ func preferWait(r *http.Request) (time.Duration, bool) {
 			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
 				continue
 			}
-			if n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`)); err == nil && n >= 0 && n <= 3600 {
-				return time.Duration(n) * time.Second, true
+			digits := strings.Trim(strings.TrimSpace(val), `"`)
+			if n, err := strconv.ParseUint(digits, 10, 64); err == nil {
+				// A longer wait than any bound is a wish for the longest
+				// (each caller takes the min with its own bound); it used to
+				// get the default, shorter than wait=10's.
+				return time.Duration(min(n, 3600)) * time.Second, true
+			} else if errors.Is(err, strconv.ErrRange) {
+				return 3600 * time.Second, true
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -77,6 +78,15 @@ func (w *Worker) RetryDeadLetter(ctx context.Context, id int64) error {
 	consumer, data, err := w.openDeadLetter(ctx, id)
 	if err != nil {
 		return err
+	}
+	var why string
+	if err := w.db.QueryRow(ctx, `SELECT error FROM dead_letters WHERE id = $1`, id).Scan(&why); err != nil {
+		return fmt.Errorf("dead letter %d: %w", id, err)
+	}
+	if strings.Contains(why, ErrProviderDisagrees.Error()) {
+		// A retry would find the intent recorded and close the only
+		// record of money the provider holds, settling nothing.
+		return fmt.Errorf("dead letter %d: %w: a retry cannot settle it; refund what the provider holds by hand (the dead letter's error names it), then discard the dead letter", id, ErrProviderDisagrees)
 	}
 	// The provider may be called from here on: a discard waits out its
 	// search lag from now (searchable).

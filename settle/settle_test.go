@@ -1096,11 +1096,19 @@ func TestAChargeMadeAfterADiscardRecordedNoneIsDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.provider = discardDuringCharge{Provider: r.provider, db: r.db, eventID: ev}
-	r.start(t, settle.Config{})
+	w, _ := r.start(t, settle.Config{})
 	r.publish(t, id, domain.TypePaymentRequested, 0)
 	dls := r.waitDeadLetters(t, 15*time.Second, "the charge no order shows")
 	if len(dls) != 1 || !strings.Contains(dls[0].Error, "pi_") || !strings.Contains(dls[0].Error, "recorded as declined") {
 		t.Fatalf("dead letters %+v, want one naming the provider's charge", dls)
+	}
+	// A retry would find the intent recorded and close the dead letter,
+	// settling nothing: it is refused, and the dead letter stays open.
+	if err := w.RetryDeadLetter(context.Background(), dls[0].ID); !errors.Is(err, settle.ErrProviderDisagrees) {
+		t.Fatalf("retry of the dead letter: %v; want it refused (ErrProviderDisagrees)", err)
+	}
+	if open := r.waitDeadLetters(t, time.Second, "still open"); len(open) != 1 {
+		t.Fatalf("open dead letters after the refused retry: %+v", open)
 	}
 }
 

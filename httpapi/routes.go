@@ -49,10 +49,11 @@ func (s *Server) routes() http.Handler {
 		// (before them, a refused query string cost no token and took no
 		// slot); bodies are read last, under their deadline, so a slow
 		// body holds a slot only that long.
-		// The deadline wraps it all, so that whatever waits for the
-		// database (a token look-up, a connection share, a locked table)
-		// is answered 503 while the client still listens.
-		r.Use(s.deadline, s.authenticate, s.limitTenant, s.limitInFlight, s.singleQueryValues, s.readBody)
+		// The deadline starts once the body is in (which has its own,
+		// and its 408), so that whatever then waits for the database (a
+		// connection share, a locked table) is answered 503 while the
+		// client still listens.
+		r.Use(s.authenticate, s.limitTenant, s.limitInFlight, s.singleQueryValues, s.readBody, s.deadline)
 		r.Post("/orders", s.createOrder)
 		r.Get("/orders", s.listOrders)
 		r.Get("/orders/{id}", s.getOrder)

@@ -110,8 +110,8 @@ type Deps struct {
 	// BodyTimeout bounds how long a request body may take to arrive; the
 	// rest get 408. Default DefaultBodyTimeout.
 	BodyTimeout time.Duration
-	// RequestTimeout bounds a /v1 request from its headers to its answer:
-	// its database work (a table locked by DDL, a server that stalls or
+	// RequestTimeout bounds a /v1 request from the end of its body to its
+	// answer: its database work (a table locked by DDL, a server that stalls or
 	// is black-holed) is cancelled then, and the client gets 503
 	// database-unavailable with Retry-After. It must leave room for the
 	// longest legitimate wait (three key waits, a read-your-writes wait)

@@ -197,6 +197,9 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-tenant-bytes-per-token must be at least 1024 (one token per response KiB at most), got %d", c.tenantLimits.BytesPerToken)
 		case c.bodyTimeout <= 0:
 			return c, fmt.Errorf("-body-timeout must be positive, got %s", c.bodyTimeout)
+		case requestTimeout(c.keyWait, c.bodyTimeout) < legitimateWaits(c.keyWait):
+			return c, fmt.Errorf("-body-timeout %s leaves too little of the server's %s write timeout for three -idempotency-wait (%s) or a read wait (%s): at most %s",
+				c.bodyTimeout, serverWriteTimeout, c.keyWait, httpapi.MaxReadWait, serverWriteTimeout-5*time.Second-legitimateWaits(c.keyWait))
 		case c.tokenCacheTTL <= 0:
 			return c, fmt.Errorf("-token-cache-ttl must be positive, got %s", c.tokenCacheTTL)
 		case c.relayPartitions < 1 || c.relayPartitions > outbox.Partitions:
@@ -507,20 +510,29 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		InFlight:           inFlight,
 		Tenants:            tenants,
 		BodyTimeout:        cfg.bodyTimeout,
-		RequestTimeout:     requestTimeout(cfg.keyWait),
+		RequestTimeout:     requestTimeout(cfg.keyWait, cfg.bodyTimeout),
 	})
 	// Serve returns once in-flight requests are done; the deferred stop of
 	// the background work and the connections runs after that.
 	return ServeConns(ctx, cfg.httpAddr, handler, logger, APIShutdownTimeout, cfg.maxConns, reg)
 }
 
-// requestTimeout is a /v1 request's deadline (httpapi.Deps.RequestTimeout)
-// with key waits of keyWait: room for three of them and a read-your-writes
-// wait, and 5 s before the server's write timeout, past which an answer is
-// never delivered (a request timed out by the database's own 60 s
-// statement_timeout used to end there, its 500 lost).
-func requestTimeout(keyWait time.Duration) time.Duration {
-	return min(max(httpapi.DefaultRequestTimeout, 3*keyWait+httpapi.MaxReadWait), serverWriteTimeout-5*time.Second)
+// requestTimeout is a /v1 request's deadline after its body is in
+// (httpapi.Deps.RequestTimeout) with key waits of keyWait and bodies of up
+// to bodyTimeout: room for three key waits (a command) or a read-your-writes
+// wait (a read),
+// ending 5 s before the server's write timeout even after the slowest
+// body, past which an answer is never delivered (a request timed out by
+// the database's own 60 s statement_timeout used to end there, its 500
+// lost). parseAPIConfig refuses settings that leave less than the waits.
+func requestTimeout(keyWait, bodyTimeout time.Duration) time.Duration {
+	return min(max(httpapi.DefaultRequestTimeout, legitimateWaits(keyWait)), serverWriteTimeout-5*time.Second-bodyTimeout)
+}
+
+// legitimateWaits is the longest a request may wait on purpose after its
+// body: three key waits (a command), or a read-your-writes wait (a read).
+func legitimateWaits(keyWait time.Duration) time.Duration {
+	return max(3*keyWait, httpapi.MaxReadWait)
 }
 
 // writablePool checks that the database takes writes: a hot standby (a

@@ -251,11 +251,15 @@ func (o *Order) RetryRefund(now time.Time) (Event, error) {
 			State:   string(o.Status),
 		}
 	}
-	switch o.Refund.Status {
-	case RefundPending, RefundSucceeded:
+	switch {
+	case o.Refund.Status == RefundPending, o.Refund.Status == RefundSucceeded:
 		return nil, nil
-	case RefundFailed:
+	case o.Refund.Status == RefundFailed:
 		return o.requestRefund(now), nil
+	case o.PaidAt != nil:
+		// Paid and cancelled before refunds went through the provider:
+		// refunded at the cancellation, nothing left to do.
+		return nil, nil
 	}
 	return nil, &Error{
 		Kind:    KindConflict,

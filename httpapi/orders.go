@@ -209,12 +209,17 @@ func (s *Server) payOrder(w http.ResponseWriter, r *http.Request) {
 	if cmd.ExpectedVersion, ok = s.optionalIfMatch(w, r); !ok {
 		return
 	}
-	runOrderCommandFunc(s, w, r, key, scopePayOrder, cmd, s.PayOrder, func(out command.Outcome) int {
-		if out.Changed {
-			return http.StatusAccepted
-		}
-		return http.StatusOK
-	})
+	runOrderCommandFunc(s, w, r, key, scopePayOrder, cmd, s.PayOrder, acceptedIfChanged)
+}
+
+// acceptedIfChanged is the status of a step whose effect happens later (a
+// charge, a refund): 202 when it started one, 200 when one is under way or
+// done and nothing changed.
+func acceptedIfChanged(out command.Outcome) int {
+	if out.Changed {
+		return http.StatusAccepted
+	}
+	return http.StatusOK
 }
 
 // shipOrder handles POST /v1/orders/{id}/ship (no body, or {}).
@@ -269,12 +274,7 @@ func (s *Server) refundOrder(w http.ResponseWriter, r *http.Request) {
 	if cmd.ExpectedVersion, ok = s.optionalIfMatch(w, r); !ok {
 		return
 	}
-	runOrderCommandFunc(s, w, r, key, scopeRefundOrder, cmd, s.RefundOrder, func(out command.Outcome) int {
-		if out.Changed {
-			return http.StatusAccepted
-		}
-		return http.StatusOK
-	})
+	runOrderCommandFunc(s, w, r, key, scopeRefundOrder, cmd, s.RefundOrder, acceptedIfChanged)
 }
 
 // updateOrder handles PATCH /v1/orders/{id}: a merge patch of

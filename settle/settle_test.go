@@ -908,7 +908,13 @@ func TestRefundDeadLetteredThenRetriedAfterTheKeyExpiredIsRecordedOnce(t *testin
 	if _, rf, _ := r.get(t, id); rf != "pending" {
 		t.Fatalf("refund %s before the retry, want pending", rf)
 	}
-	time.Sleep(1500 * time.Millisecond) // the provider forgets the key
+	testenv.Eventually(t, 10*time.Second, "the provider forgets the key", func() bool {
+		n, err := r.psp.PurgeExpiredKeys(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
 
 	if err := w.RetryDeadLetter(context.Background(), dls[0].ID); err != nil {
 		t.Fatalf("retry the dead letter: %v", err)
@@ -1047,7 +1053,13 @@ func TestAnOldIntentOnItsFirstDeliveryIsLookedUpFirst(t *testing.T) {
 		PaymentMethod: domain.DefaultPaymentMethod, Metadata: map[string]string{"tenant_id": r.tenant, "order_id": id.String(), "attempt": "1"}}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond) // the provider forgets the key
+	testenv.Eventually(t, 10*time.Second, "the provider forgets the key", func() bool {
+		n, err := r.psp.PurgeExpiredKeys(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
 	if _, err := r.db.Exec(context.Background(), `UPDATE outbox SET payload = jsonb_set(payload, '{occurred_at}', to_jsonb(now() - interval '2 hours'))
 WHERE aggregate_id = $1 AND event_type = 'payment.requested'`, id); err != nil {
 		t.Fatal(err)

@@ -75,13 +75,9 @@ func (w *Worker) RetryDeadLetter(ctx context.Context, id int64) error {
 		return err
 	}
 	defer unlock()
-	consumer, data, err := w.openDeadLetter(ctx, id)
+	consumer, data, why, err := w.openDeadLetter(ctx, id)
 	if err != nil {
 		return err
-	}
-	var why string
-	if err := w.db.QueryRow(ctx, `SELECT error FROM dead_letters WHERE id = $1`, id).Scan(&why); err != nil {
-		return fmt.Errorf("dead letter %d: %w", id, err)
 	}
 	if strings.Contains(why, ErrProviderDisagrees.Error()) {
 		// A retry would find the intent recorded and close the only
@@ -130,7 +126,7 @@ func (w *Worker) DiscardDeadLetter(ctx context.Context, id int64) (outcome strin
 		return "", err
 	}
 	defer unlock()
-	consumer, data, err := w.openDeadLetter(ctx, id)
+	consumer, data, _, err := w.openDeadLetter(ctx, id)
 	if err != nil {
 		return "", err
 	}
@@ -254,16 +250,16 @@ func (w *Worker) lockDeadLetter(ctx context.Context, id int64) (unlock func(), e
 	return unlock, nil
 }
 
-func (w *Worker) openDeadLetter(ctx context.Context, id int64) (consumer string, data []byte, err error) {
-	err = w.db.QueryRow(ctx, `SELECT projection, payload FROM dead_letters WHERE id = $1 AND projection = ANY($2) AND status = 'open'`,
-		id, Consumers).Scan(&consumer, &data)
+func (w *Worker) openDeadLetter(ctx context.Context, id int64) (consumer string, data []byte, why string, err error) {
+	err = w.db.QueryRow(ctx, `SELECT projection, payload, error FROM dead_letters WHERE id = $1 AND projection = ANY($2) AND status = 'open'`,
+		id, Consumers).Scan(&consumer, &data, &why)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return "", nil, fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
+		return "", nil, "", fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
 	case err != nil:
-		return "", nil, fmt.Errorf("read dead letter %d: %w", id, err)
+		return "", nil, "", fmt.Errorf("read dead letter %d: %w", id, err)
 	}
-	return consumer, data, nil
+	return consumer, data, why, nil
 }
 
 func (w *Worker) resolve(ctx context.Context, id int64, status string) error {

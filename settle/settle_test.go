@@ -185,6 +185,19 @@ func (r *rig) waitStatus(t testing.TB, id uuid.UUID, want string, within time.Du
 	testenv.Eventually(t, within, "order "+want, func() bool { s, _, _ := r.get(t, id); return s == want })
 }
 
+// waitRefund waits until the order's refund is no longer pending and
+// fails the test unless it is then want.
+func (r *rig) waitRefund(t testing.TB, id uuid.UUID, want string) {
+	t.Helper()
+	testenv.Eventually(t, 15*time.Second, "the refund recorded", func() bool {
+		_, rf, _ := r.get(t, id)
+		return rf != "pending"
+	})
+	if _, rf, _ := r.get(t, id); rf != want {
+		t.Fatalf("refund %s, want %s", rf, want)
+	}
+}
+
 // waitSettled waits until every intent published to consumer is settled:
 // none left to deliver or pending in its window, and none parked (a copy
 // that failed, say 409 while another copy held its key, is parked on its
@@ -1022,13 +1035,7 @@ func TestAFailedRefundFoundByKeyIsRecordedNotAskedAgain(t *testing.T) {
 
 	r.cancel(t, id)
 	r.publish(t, id, domain.TypeRefundRequested, 0)
-	testenv.Eventually(t, 15*time.Second, "the refund recorded", func() bool {
-		_, rf, _ := r.get(t, id)
-		return rf != "pending"
-	})
-	if _, rf, _ := r.get(t, id); rf != "failed" {
-		t.Fatalf("refund %s, want failed", rf)
-	}
+	r.waitRefund(t, id, "failed")
 	if n := lose.calls.Load(); n != 1 {
 		t.Errorf("%d refund calls, want 1 (the redelivery finds the failed one by its key)", n)
 	}
@@ -1138,13 +1145,7 @@ func TestARefundAskedAgainAfterAFailureRefundsOnce(t *testing.T) {
 	r.waitStatus(t, id, "paid", 15*time.Second)
 	r.cancel(t, id)
 	r.publish(t, id, domain.TypeRefundRequested, 0)
-	testenv.Eventually(t, 15*time.Second, "refund 1 recorded", func() bool {
-		_, rf, _ := r.get(t, id)
-		return rf != "pending"
-	})
-	if _, rf, _ := r.get(t, id); rf != "failed" {
-		t.Fatalf("refund 1 %s, want failed", rf)
-	}
+	r.waitRefund(t, id, "failed")
 
 	refundAgain := func() domain.Order {
 		t.Helper()
@@ -1163,13 +1164,7 @@ func TestARefundAskedAgainAfterAFailureRefundsOnce(t *testing.T) {
 		t.Fatalf("after asking again: refund %+v, want attempt 2 pending", o.Refund)
 	}
 	r.publish(t, id, domain.TypeRefundRequested, 1) // and a copy, as a late republish
-	testenv.Eventually(t, 15*time.Second, "refund 2 recorded", func() bool {
-		_, rf, _ := r.get(t, id)
-		return rf != "pending"
-	})
-	if _, rf, _ := r.get(t, id); rf != "succeeded" {
-		t.Fatalf("refund 2 %s, want succeeded", rf)
-	}
+	r.waitRefund(t, id, "succeeded")
 	if o := refundAgain(); o.Refund.Status != domain.RefundSucceeded || o.Refund.Attempt != 2 {
 		t.Fatalf("asking after it succeeded: refund %+v, want attempt 2 succeeded, unchanged", o.Refund)
 	}

@@ -30,8 +30,12 @@ const (
 	DefaultMaxBackoff = 5 * time.Second
 	// DefaultAttemptTimeout bounds one attempt of the default HTTP client:
 	// a response that does not arrive in time counts as lost and the call
-	// is retried with the same key.
-	DefaultAttemptTimeout = 30 * time.Second
+	// is retried with the same key. It is longer than the api's longest
+	// request deadline (55 s, under its 60 s write timeout), so a request
+	// the server cannot serve in time gets the server's 503 and its
+	// Retry-After, and a request waiting its turn behind an in-flight one
+	// with its key gets its answer, instead of being cut off first.
+	DefaultAttemptTimeout = 58 * time.Second
 )
 
 // maxResponseBytes bounds a response body the client reads.
@@ -189,6 +193,8 @@ type callConfig struct {
 	wait       time.Duration
 	waitSet    bool
 	minVersion int64
+	ifMatch    *int64
+	requestID  string
 	meta       *Meta
 }
 
@@ -211,6 +217,18 @@ func WithWait(d time.Duration) CallOption {
 // with a view-behind *Problem. Other calls ignore it.
 func WithMinVersion(n int64) CallOption { return func(c *callConfig) { c.minVersion = n } }
 
+// WithIfMatch makes PayOrder, ShipOrder, CancelOrder or RefundOrder run
+// only if the order is still at version (If-Match): another current
+// version is a precondition-failed *Problem (IsPreconditionFailed), and
+// nothing changes. UpdateOrder takes its version as an argument; reads
+// ignore it.
+func WithIfMatch(version int64) CallOption { return func(c *callConfig) { c.ifMatch = &version } }
+
+// WithRequestID sends id as X-Request-Id (printable ASCII, at most 128
+// characters; the server makes its own otherwise), to find the call in the
+// server's logs and traces. Every attempt of the call carries it.
+func WithRequestID(id string) CallOption { return func(c *callConfig) { c.requestID = id } }
+
 // WithMeta fills m in with how the call went.
 func WithMeta(m *Meta) CallOption { return func(c *callConfig) { c.meta = m } }
 
@@ -220,6 +238,7 @@ type request struct {
 	query        url.Values
 	body         any  // JSON-encoded once; nil sends no body
 	keyed        bool // a command: send an Idempotency-Key
+	ifMatch      bool // a step that takes WithIfMatch
 	header       http.Header
 	out          any // decoded from a 2xx answer
 }
@@ -247,6 +266,10 @@ func (c *Client) do(ctx context.Context, r request, opts []CallOption) error {
 			return fmt.Errorf("%s: encode body: %w", what, err)
 		}
 		payload = b
+	}
+	if id := cc.requestID; id != "" && (len(id) > 128 || !printableASCII(id)) {
+		meta.Definitive = true
+		return fmt.Errorf("%s: X-Request-Id %q must be 1 to 128 printable ASCII characters", what, id)
 	}
 	if r.keyed {
 		if k := cc.key; k != "" && !sendableKey(k) {
@@ -385,10 +408,13 @@ var errNewRequest = errors.New("new request")
 var errRedirected = errors.New("redirected")
 
 // keepMethod is the default HTTP client's redirect policy: follow a
-// redirect only if it keeps the method (and so the body), at most 10.
-// Otherwise the redirect itself is the answer (a 3xx: final).
+// redirect only if it keeps the method (and so the body) and the origin
+// (scheme, host and port: the token, the key and the command go to no
+// one else), at most 10. Otherwise the redirect itself is the answer (a
+// 3xx: final).
 func keepMethod(req *http.Request, via []*http.Request) error {
-	if req.Method != via[0].Method {
+	first := via[0]
+	if req.Method != first.Method || req.URL.Scheme != first.URL.Scheme || !strings.EqualFold(req.URL.Host, first.URL.Host) {
 		return http.ErrUseLastResponse
 	}
 	if len(via) >= 10 {
@@ -397,12 +423,16 @@ func keepMethod(req *http.Request, via []*http.Request) error {
 	return nil
 }
 
+// errTooLarge marks an answer longer than the client reads: sending again
+// would get it again.
+var errTooLarge = errors.New("answer too large")
+
 // retryableErr reports whether a failed attempt may be sent again: any
 // failure to get a whole answer (refused or reset connection, timeout, a
 // response cut short), since the server may or may not have executed it
 // and the key makes sending it again safe.
 func retryableErr(err error) bool {
-	return !errors.Is(err, errNewRequest) && !errors.Is(err, errRedirected)
+	return !errors.Is(err, errNewRequest) && !errors.Is(err, errRedirected) && !errors.Is(err, errTooLarge)
 }
 
 // backoff is the full-jitter backoff before retry n (n ≥ 1).
@@ -444,6 +474,12 @@ func (c *Client) send(ctx context.Context, method, u string, payload []byte, r r
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
+	if cc.ifMatch != nil && r.ifMatch {
+		req.Header.Set("If-Match", `"`+strconv.FormatInt(*cc.ifMatch, 10)+`"`)
+	}
+	if cc.requestID != "" {
+		req.Header.Set("X-Request-Id", cc.requestID)
+	}
 	if cc.waitSet {
 		req.Header.Set("Prefer", "wait="+strconv.Itoa(int(max(0, cc.wait.Round(time.Second)/time.Second))))
 	}
@@ -459,9 +495,12 @@ func (c *Client) send(ctx context.Context, method, u string, payload []byte, r r
 		return response{}, fmt.Errorf("%w: a %s answered %s %s, redirected to %s %s (a proxy in front of the api? a redirect must keep the method)",
 			errRedirected, res.Status, method, u, res.Request.Method, res.Request.URL.Redacted())
 	}
-	b, err := io.ReadAll(io.LimitReader(res.Body, maxResponseBytes))
+	b, err := io.ReadAll(io.LimitReader(res.Body, maxResponseBytes+1))
 	if err != nil {
 		return response{}, fmt.Errorf("read %d answer: %w", res.StatusCode, err)
+	}
+	if len(b) > maxResponseBytes {
+		return response{}, fmt.Errorf("%w: a %d answer of more than %d bytes", errTooLarge, res.StatusCode, maxResponseBytes)
 	}
 	return response{status: res.StatusCode, header: res.Header, body: b}, nil
 }

@@ -19,7 +19,9 @@
 // A redirect that would change the method (net/http follows a 301, 302 or
 // 303 with a GET, without the body) is never taken for the call's answer:
 // the default HTTP client does not follow it (the 3xx is the answer), and
-// with one that does, the call fails at once. A Retry-After that is neither
+// with one that does, the call fails at once. Nor does the default client
+// follow a redirect to another origin (scheme, host or port): the token,
+// the key and the command go to no one else. A Retry-After that is neither
 // seconds nor a date is ignored; one past MaxRetryAfter ends the call.
 //
 // A refusal is returned as a *Problem (RFC 9457 problem details): branch on
@@ -30,7 +32,7 @@
 //
 // Read models are updated asynchronously; WaitForVersion (or GetOrder with
 // WithMinVersion) reads your own write: pass the Version a command
-// returned.
+// returned. WaitForSummary does so for a customer's summary.
 //
 // To reconcile a call whose outcome is unknown (the context ended while it
 // was retried), keep its key (WithMeta reports it) and ask

@@ -56,9 +56,12 @@ func TestEveryEndpoint(t *testing.T) {
 	if err != nil || o.Status != "paid" || o.Version != paid.Version {
 		t.Fatalf("WaitForVersion %d: %+v, %v", paid.Version, o, err)
 	}
-	o, err = c.ShipOrder(ctx, o.ID)
-	if err != nil || o.Status != "shipped" {
-		t.Fatalf("ship: %+v, %v", o, err)
+	if _, err := c.ShipOrder(ctx, o.ID, client.WithIfMatch(o.Version-1)); !client.IsPreconditionFailed(err) {
+		t.Fatalf("ship at a stale version: %v; want precondition-failed", err)
+	}
+	o, err = c.ShipOrder(ctx, o.ID, client.WithIfMatch(o.Version), client.WithRequestID("ship-1"), client.WithMeta(&meta))
+	if err != nil || o.Status != "shipped" || meta.RequestID != "ship-1" {
+		t.Fatalf("ship: %+v, %v, request id %q", o, err, meta.RequestID)
 	}
 
 	other, err := c.CreateOrder(ctx, newOrder("c-life"))
@@ -73,7 +76,7 @@ func TestEveryEndpoint(t *testing.T) {
 		t.Fatalf("refund of an order never paid: %v; want a conflict", err)
 	}
 
-	sum, err := c.CustomerSummary(ctx, "c-life", &client.Position{OrderID: o.ID, Version: o.Version})
+	sum, err := c.WaitForSummary(ctx, "c-life", client.Position{OrderID: o.ID, Version: o.Version})
 	if err != nil || sum.Orders["shipped"] != 1 || len(sum.Totals) != 1 || sum.Totals[0].Paid.Int64() != 3998 {
 		t.Fatalf("summary: %+v, %v", sum, err)
 	}

@@ -148,12 +148,14 @@ func (c *Client) PayOrder(ctx context.Context, id, paymentMethod string, opts ..
 			PaymentMethod string `json:"payment_method"`
 		}{paymentMethod}
 	}
-	return c.order(ctx, request{method: http.MethodPost, path: orderPath(id) + "/pay", body: body, keyed: true}, opts)
+	return c.order(ctx, request{method: http.MethodPost, path: orderPath(id) + "/pay", body: body, keyed: true, ifMatch: true}, opts)
 }
 
 // ShipOrder ships a paid order (a conflict for any other but shipped).
+// WithIfMatch ships it only at that version (so for pay, cancel and
+// refund).
 func (c *Client) ShipOrder(ctx context.Context, id string, opts ...CallOption) (*Order, error) {
-	return c.order(ctx, request{method: http.MethodPost, path: orderPath(id) + "/ship", body: struct{}{}, keyed: true}, opts)
+	return c.order(ctx, request{method: http.MethodPost, path: orderPath(id) + "/ship", body: struct{}{}, keyed: true, ifMatch: true}, opts)
 }
 
 // CancelOrder cancels an order with a reason (1–500 characters); a paid
@@ -165,7 +167,7 @@ func (c *Client) CancelOrder(ctx context.Context, id, reason string, opts ...Cal
 	body := struct {
 		Reason string `json:"reason"`
 	}{reason}
-	return c.order(ctx, request{method: http.MethodPost, path: orderPath(id) + "/cancel", body: body, keyed: true}, opts)
+	return c.order(ctx, request{method: http.MethodPost, path: orderPath(id) + "/cancel", body: body, keyed: true, ifMatch: true}, opts)
 }
 
 // RefundOrder asks again for the refund of a cancelled order whose refund
@@ -176,7 +178,7 @@ func (c *Client) CancelOrder(ctx context.Context, id, reason string, opts ...Cal
 // late retry of an expired key whose refund attempt failed since
 // (ConflictLocation names the order: read it; no attempt is started again).
 func (c *Client) RefundOrder(ctx context.Context, id string, opts ...CallOption) (*Order, error) {
-	return c.order(ctx, request{method: http.MethodPost, path: orderPath(id) + "/refund", body: struct{}{}, keyed: true}, opts)
+	return c.order(ctx, request{method: http.MethodPost, path: orderPath(id) + "/refund", body: struct{}{}, keyed: true, ifMatch: true}, opts)
 }
 
 // UpdateOrder changes the shipping address and/or note of the order at
@@ -320,9 +322,31 @@ func (c *Client) CustomerSummary(ctx context.Context, customerID string, minPosi
 	return &out, nil
 }
 
-// DailySalesOptions bounds DailySales: From and To are UTC dates, both
-// inclusive (zero: the server's default, the last 30 days); Currency
-// filters.
+// WaitForSummary reads your own write in a customer's summary: it returns
+// the summary once it includes the order at pos's version or later (an
+// order the customer created, paid, cancelled…). Like WaitForVersion, each
+// GET waits on the server, and after a view-behind answer it asks again
+// after a full-jitter backoff until ctx ends: give ctx a deadline.
+func (c *Client) WaitForSummary(ctx context.Context, customerID string, pos Position, opts ...CallOption) (*CustomerSummary, error) {
+	for n := 1; ; n++ {
+		s, err := c.CustomerSummary(ctx, customerID, &pos, opts...)
+		if !IsViewBehind(err) {
+			return s, err
+		}
+		t := time.NewTimer(c.backoff(n))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("wait for customer %s's summary to include order %s version %d: %w (last answer: %w)", customerID, pos.OrderID, pos.Version, ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+// DailySalesOptions bounds DailySales: From and To are instants whose UTC
+// dates bound the report, both inclusive (zero: the server's default, the
+// last 30 days); time.Now() is today's UTC day wherever the caller is. To
+// name a date, build it in time.UTC. Currency filters.
 type DailySalesOptions struct {
 	From, To time.Time
 	Currency string
@@ -349,10 +373,10 @@ type DaySales struct {
 func (c *Client) DailySales(ctx context.Context, ds DailySalesOptions, opts ...CallOption) (*DailySales, error) {
 	q := url.Values{}
 	if !ds.From.IsZero() {
-		q.Set("from", ds.From.Format(time.DateOnly))
+		q.Set("from", ds.From.UTC().Format(time.DateOnly))
 	}
 	if !ds.To.IsZero() {
-		q.Set("to", ds.To.Format(time.DateOnly))
+		q.Set("to", ds.To.UTC().Format(time.DateOnly))
 	}
 	if ds.Currency != "" {
 		q.Set("currency", ds.Currency)

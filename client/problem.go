@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -102,7 +103,7 @@ func (p *Problem) Kind() string {
 // newProblem reads a non-2xx answer.
 func newProblem(res response) *Problem {
 	p := &Problem{}
-	if ct := res.header.Get("Content-Type"); strings.HasPrefix(ct, "application/problem+json") {
+	if mt, _, _ := mime.ParseMediaType(res.header.Get("Content-Type")); mt == "application/problem+json" {
 		if err := json.Unmarshal(res.body, p); err != nil {
 			p = &Problem{Detail: "unreadable problem+json: " + err.Error()}
 		}

@@ -500,3 +500,95 @@ func TestAnUnreadableRetryAfterLeavesAConflictFinal(t *testing.T) {
 		t.Fatalf("%d attempts, meta %+v, err %v; want one final 409", hits.Load(), meta, err)
 	}
 }
+
+// A redirect to another origin (another port, host or scheme: a
+// misconfigured proxy, or a hostile one) is not followed: the token, the
+// key and the command go nowhere else, and the 307 is the answer.
+func TestARedirectToAnotherOriginIsNotFollowed(t *testing.T) {
+	t.Parallel()
+	var elsewhere atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+		w.WriteHeader(http.StatusTeapot)
+	}))
+	defer other.Close()
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer front.Close()
+	c, err := client.New(front.URL, "ord_secret", client.WithBackoff(time.Millisecond, 5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta client.Meta
+	_, err = c.CreateOrder(context.Background(), newOrder("c-1"), client.WithMeta(&meta))
+	if p := client.AsProblem(err); p == nil || p.Status != http.StatusTemporaryRedirect || elsewhere.Load() != 0 || meta.Attempts != 1 {
+		t.Fatalf("err %v after %d attempts, %d requests at the other origin; want the 307 as the answer and none there", err, meta.Attempts, elsewhere.Load())
+	}
+}
+
+// A problem whose media type is written in capitals (a proxy's) is still
+// read: its type and Retry-After decide, not "about:blank".
+func TestAProblemIsReadWhateverTheCaseOfItsMediaType(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "Application/Problem+JSON; charset=utf-8")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"type":"` + client.TypeNotFound + `","title":"not found","status":404}`))
+	}))
+	defer srv.Close()
+	c, err := client.New(srv.URL, "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetOrder(context.Background(), uuid.NewString()); !client.IsNotFound(err) {
+		t.Fatalf("err %v; want not-found", err)
+	}
+}
+
+// An answer longer than the client reads is reported as such, once: a
+// retry would get it again.
+func TestAnAnswerTooLargeIsNotRetried(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"orders":[],"pad":"`))
+		_, _ = w.Write(bytes.Repeat([]byte("x"), 9<<20))
+		_, _ = w.Write([]byte(`"}`))
+	}))
+	defer srv.Close()
+	c, err := client.New(srv.URL, "tok", client.WithBackoff(time.Millisecond, 5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.ListOrders(context.Background(), client.ListOptions{})
+	if err == nil || hits.Load() != 1 || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("err %v after %d attempts; want one, saying the answer is too large", err, hits.Load())
+	}
+}
+
+// DailySales asks for the UTC dates of its bounds, wherever the caller's
+// clock is: 22:00 on the 25th at UTC-5 is the 26th in UTC.
+func TestDailySalesAsksForUTCDates(t *testing.T) {
+	t.Parallel()
+	got := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.URL.RawQuery
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"from":"2026-11-26","to":"2026-11-26","days":[]}`))
+	}))
+	defer srv.Close()
+	c, err := client.New(srv.URL, "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 25, 22, 0, 0, 0, time.FixedZone("UTC-5", -5*3600))
+	if _, err := c.DailySales(context.Background(), client.DailySalesOptions{From: at, To: at}); err != nil {
+		t.Fatal(err)
+	}
+	if q := <-got; q != "from=2026-11-26&to=2026-11-26" {
+		t.Fatalf("query %q; want the UTC date 2026-11-26 for both", q)
+	}
+}

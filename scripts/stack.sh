@@ -44,6 +44,14 @@ for p in "$PG_PORT" "$NATS_PORT" "$API_PORT" "$PROJ_PORT" "$WORKER_PORT" "$PSP_P
 	[[ "$p" =~ ^[0-9]+$ ]] || { echo "stack: ports must be numbers, got '$p'" >&2; exit 2; }
 done
 STATE="${STACK_DIR:-$ROOT/$STATE}"
+
+# ---- what must be installed (before anything is created or started) ---------
+GO_WANT=$(sed -n 's/^go //p' go.mod)
+command -v go >/dev/null 2>&1 || { echo "stack: go not found on PATH: the services are built from source with Go $GO_WANT or later (https://go.dev/dl)" >&2; exit 1; }
+command -v flock >/dev/null 2>&1 || { echo "stack: flock (util-linux) is needed" >&2; exit 1; }
+command -v curl >/dev/null 2>&1 || { echo "stack: curl is needed (it asks each service whether it is ready)" >&2; exit 1; }
+if [ "$MODE" = e2e ]; then command -v npx >/dev/null 2>&1 || { echo "stack: npx (Node.js 18 or later) is needed: e2e sends api.http with httpyac" >&2; exit 1; }; fi
+if [ -z "${DATABASE_URL:-}" ]; then scripts/pg.sh check || exit 1; fi
 # NEW_STATE: this run creates the folder (judged on the path as resolved, so
 # new/.. is not new), so a run that starts nothing while it holds the
 # folder's lock (a refusal, a missing tool) removes it again and leaves no
@@ -129,14 +137,10 @@ else
 fi
 
 
-# ---- what must be installed -------------------------------------------------
-if [ -z "${DATABASE_URL:-}" ]; then scripts/pg.sh check || exit 1; fi
-
 # ---- one stack per folder --------------------------------------------------
 # The lock on $STATE/stack.lock is held (fd 9) for as long as this script runs;
 # the processes it starts do not inherit it (9>&-), so a leftover server never
 # holds it. stack.info tells a second invocation where the first one answers.
-command -v flock >/dev/null 2>&1 || { say "flock (util-linux) is needed"; exit 1; }
 exec 9>>"$STATE/stack.lock"
 if ! flock -n 9; then
 	read -r other_pid other_api other_proj _ 2>/dev/null <"$STATE/stack.info" || true
@@ -320,7 +324,6 @@ wait_ready() {
 	done
 }
 
-command -v curl >/dev/null 2>&1 || { say "curl is needed"; exit 1; }
 
 if [ "$RUN_PSP" = 1 ]; then
 	say "starting fakepsp, the local payment provider (FAKEPSP_ADDR=$FAKEPSP_ADDR, database fakepsp)"
@@ -366,7 +369,6 @@ TOKEN=$(cat "$TOKEN_FILE")
 
 # ---- e2e: run api.http, then the README's shell blocks; exit non-zero if one failed
 if [ "$MODE" = e2e ]; then
-	command -v npx >/dev/null 2>&1 || { say "npx (Node.js) is needed for httpyac"; exit 1; }
 	say "stack ready; running api.http with httpyac against http://127.0.0.1:$API_PORT"
 	st=0
 	npx --yes httpyac@6 send api.http --all --var "baseUrl=http://127.0.0.1:$API_PORT" --var "token=$TOKEN" || st=$?

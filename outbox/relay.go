@@ -410,6 +410,16 @@ func (w *worker) run(ctx context.Context, prunes bool) {
 	}
 }
 
+// OwnsAll reports whether this relay publishes every partition now: then
+// no other relay has anything to publish, and only this one needs waking.
+func (r *Relay) OwnsAll() bool {
+	var owned int64
+	for _, w := range r.workers {
+		owned += w.ownedCount.Load()
+	}
+	return owned >= Partitions
+}
+
 // Wake makes the waiting workers of Run look at the outbox now. It never
 // blocks.
 func (r *Relay) Wake() {

@@ -61,7 +61,7 @@ type apiConfig struct {
 	acceptLegacyTokens             bool
 	relayPartitions, relayWorkers  int
 	relayBatch, relayMinAtomic     int
-	relayRetention                 time.Duration
+	relayRetention, relayPoll      time.Duration
 	logFormat, logLevel            string
 	pprofAddr                      string
 	tenant, clientName             string        // token create, revoke
@@ -88,7 +88,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 	var replicas, poolSize, maxInFlight, maxConns, relayPartitions, relayWorkers, relayBatch, relayMinAtomic *int
 	var tenantInFlight, tenantWaiting, tenantRate, tenantBurst, tenantBytes, tenantDBShare, createGroupSlots *int
 	var bodyTimeout, tokenCacheTTL *time.Duration
-	var relayRetention *time.Duration
+	var relayRetention, relayPoll *time.Duration
 	var keyTTL, keyWait, janitorEvery, keyQuotaRefresh *time.Duration
 	var keyQuota, keyQuotaBytes *int
 	var pprofAddr *string
@@ -125,6 +125,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		relayBatch = env.Int(fs, "relay-batch", "RELAY_BATCH", outbox.DefaultBatchSize, fmt.Sprintf("outbox rows per relay batch (1 to %d)", outbox.MaxBatchSize))
 		relayMinAtomic = env.Int(fs, "relay-min-atomic-batch", "RELAY_MIN_ATOMIC_BATCH", outbox.DefaultMinAtomicBatch, "fewest events a relay batch holds to go out as one JetStream atomic batch (at least 2; smaller batches go message by message; above -relay-batch: never)")
 		relayRetention = env.Duration(fs, "relay-retention", "RELAY_RETENTION", 0, "prune published outbox rows after this long (0: keep; rebuilds need them)")
+		relayPoll = env.Duration(fs, "relay-poll-interval", "RELAY_POLL_INTERVAL", outbox.DefaultPollInterval, "how often the relay looks at the outbox when no wake-up came (a commit of this or another process wakes it at once; this bounds what a lost wake-up costs)")
 		pprofAddr = env.String(fs, "pprof-addr", "PPROF_ADDR", "", pprofUsage)
 	case "token create":
 		tenant = fs.String("tenant", "", "tenant the new client acts for (a-z, 0-9, -, _)")
@@ -153,7 +154,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		c.keyQuota, c.keyQuotaBytes, c.keyQuotaRefresh = *keyQuota, *keyQuotaBytes, *keyQuotaRefresh
 		c.healthInterval = *healthInterval
 		c.replicas, c.poolSize, c.maxInFlight, c.maxConns = *replicas, *poolSize, *maxInFlight, *maxConns
-		c.relayPartitions, c.relayWorkers, c.relayRetention = *relayPartitions, *relayWorkers, *relayRetention
+		c.relayPartitions, c.relayWorkers, c.relayRetention, c.relayPoll = *relayPartitions, *relayWorkers, *relayRetention, *relayPoll
 		c.pprofAddr = *pprofAddr
 		c.relayBatch, c.relayMinAtomic = *relayBatch, *relayMinAtomic
 		c.tenantLimits = httpapi.TenantLimitConfig{
@@ -212,6 +213,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-relay-min-atomic-batch must be at least 2, got %d", c.relayMinAtomic)
 		case c.relayRetention < 0:
 			return c, fmt.Errorf("-relay-retention must not be negative, got %s", c.relayRetention)
+		case c.relayPoll <= 0:
+			return c, fmt.Errorf("-relay-poll-interval must be positive, got %s", c.relayPoll)
 		}
 	case "token create":
 		if *tenant == "" {
@@ -330,9 +333,10 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		"how long requests held up by an in-flight request with their key waited (those answered 409 included)", metrics.LatencyBuckets))
 	reg.MustRegister(keyWait)
 	// After a command commits, its events wake the relay: the one in this
-	// process directly (set below, before the server starts), else the
-	// standalone relays by a coalesced NOTIFY outbox, never a NOTIFY inside
-	// the write transaction.
+	// process directly (set below, before the server starts), and the
+	// relays of other processes (another api's, a standalone one), which
+	// own the partitions this one does not, by a coalesced NOTIFY outbox;
+	// never a NOTIFY inside the write transaction.
 	var wakeRelay func()
 	// A tenant's requests hold at most their share of the pool's
 	// connections (G9); the relay, health checks and token look-ups are
@@ -401,6 +405,11 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 	ms = append(ms, counter("idempotency_expired_keys_deleted_total", "expired keys deleted by this replica's janitor", janitor.deleted.Load))
 	wg.Go(func() { janitor.run(bgCtx) })
 
+	notifier, err := postgres.NewNotifier(pool, logger.With("component", "notifier"), postgres.NotifierConfig{Channel: "outbox"})
+	if err != nil {
+		return err
+	}
+	wg.Go(func() { notifier.Run(bgCtx) })
 	if cfg.relay {
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1024), jetstream.WithPublishAsyncTimeout(10*time.Second))
 		if err != nil {
@@ -416,7 +425,7 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 		reg.MustRegister(publish, delay)
 		relay, err := outbox.NewRelay(pool, js, logger.With("component", "relay"), outbox.Config{
 			StreamReplicas: cfg.replicas, MaxPartitions: cfg.relayPartitions, Workers: cfg.relayWorkers,
-			Retention: cfg.relayRetention, BatchSize: cfg.relayBatch, MinAtomicBatch: cfg.relayMinAtomic,
+			Retention: cfg.relayRetention, BatchSize: cfg.relayBatch, MinAtomicBatch: cfg.relayMinAtomic, PollInterval: cfg.relayPoll,
 			PublishSeconds: publish, CommitToPublishedSeconds: delay,
 		})
 		if err != nil {
@@ -433,15 +442,18 @@ func serveAPI(ctx context.Context, cfg apiConfig, pool *pgxpool.Pool, logger *sl
 			counter("relay_pruned_total", "published outbox rows pruned after the retention", sum(func(s outbox.Stats) int64 { return s.Pruned })),
 			metrics.Metric{Name: "relay_partitions_owned", Help: "outbox partitions this process's relay publishes",
 				Read: metrics.One(sum(func(s outbox.Stats) int64 { return s.Partitions }))})
-		wakeRelay = relay.Wake
+		// A partition this relay does not own is another relay's, which only
+		// the NOTIFY wakes before its poll (a second api: up to a second
+		// later). While it owns all of them (one api), no NOTIFY is sent.
+		wakeRelay = func() {
+			relay.Wake()
+			if !relay.OwnsAll() {
+				notifier.Notify()
+			}
+		}
 		wg.Go(func() { relay.Run(bgCtx) })
 	} else {
-		notifier, err := postgres.NewNotifier(pool, logger.With("component", "notifier"), postgres.NotifierConfig{Channel: "outbox"})
-		if err != nil {
-			return err
-		}
 		wakeRelay = notifier.Notify
-		wg.Go(func() { notifier.Run(bgCtx) })
 	}
 
 	// Read-your-writes: the projector NOTIFYs (after its batches commit,

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -168,12 +169,14 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 			if err != nil {
 				return err
 			}
+			wakeRelays(ctx, pool, logger)
 			fmt.Fprintf(stdout, "discarded dead letter %d: %s\n", id, outcome)
 			return nil
 		}
 		if err := w.RetryDeadLetter(ctx, id); err != nil {
 			return err
 		}
+		wakeRelays(ctx, pool, logger)
 		fmt.Fprintf(stdout, "retried dead letter %d\n", id)
 		return nil
 	}
@@ -387,4 +390,13 @@ func listWorkerDeadLetters(ctx context.Context, db postgres.DB, all bool, stdout
 			d.CreatedAt.UTC().Format(time.RFC3339), d.Error)
 	}
 	return tw.Flush()
+}
+
+// wakeRelays tells the relays that an outcome's events were committed, so
+// they publish them now rather than at their next poll (a second later).
+// Best effort: the poll covers a failure.
+func wakeRelays(ctx context.Context, pool postgres.DB, logger *slog.Logger) {
+	if _, err := pool.Exec(ctx, "NOTIFY outbox"); err != nil {
+		logger.Warn("could not wake the relays; they publish at their next poll", "err", err)
+	}
 }

@@ -59,7 +59,13 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 				"Send the body as UTF-8 (charset=utf-8, or no charset), not "+strconv.Quote(cs)+".")
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	var body []byte
+	var err error
+	if read, ok := r.Body.(*bodyBytes); ok && read.Len() == len(read.b) {
+		body = read.b // at most maxBodyBytes: readBody refused longer ones
+	} else {
+		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	}
 	if err == nil {
 		if p := checkUnicode(body); p != nil {
 			return p
@@ -71,13 +77,24 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 			// null was a body that asked for nothing and got a command run.
 			return notAnObject(c)
 		} else {
-			err = strictUnmarshal(body, v)
+			// The keys are walked before the decode, which is the costly
+			// part (a 1 MiB body of 349,505 empty items took 69 ms of CPU
+			// and 60 MiB of heap to decode, all to be refused at the 101st
+			// item): the walk stops at an array longer than any request
+			// takes (422), and at a bad key of valid JSON (400). A body
+			// that is not valid JSON goes to the decode, which finds that
+			// before it allocates anything, and says where.
+			keys := checkKeys(body, reflect.TypeOf(v), "")
+			if keys != nil && (keys.Status == http.StatusUnprocessableEntity || json.Valid(body)) {
+				return keys
+			}
+			// Unknown fields are refused by the decode, but encoding/json
+			// matches names case-insensitively and lets the last of two
+			// equal names win: the walk refuses both.
+			if err = strictUnmarshal(body, v); err == nil {
+				return keys
+			}
 		}
-	}
-	if err == nil {
-		// Unknown fields are refused above, but encoding/json matches names
-		// case-insensitively and lets the last of two equal names win.
-		return checkKeys(body, reflect.TypeOf(v), "")
 	}
 
 	var syntaxErr *json.SyntaxError
@@ -104,7 +121,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 		}
 		return bad("A field has the wrong type.", domain.FieldError{
 			Field:  clip(field, maxFieldPath),
-			Detail: fmt.Sprintf("must be %s, got %s", jsonTypeName(typeErr.Type.Kind().String()), typeErr.Value),
+			Detail: fmt.Sprintf("must be %s, got %s", jsonTypeName(typeErr.Type.Kind().String()), clip(typeErr.Value, maxFieldPath)),
 		})
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		// encoding/json reports unknown fields only in its message.
@@ -382,6 +399,13 @@ func checkKeys(body []byte, t reflect.Type, path string) *Problem {
 	}
 	summary := "Every key may appear once per object, spelled exactly as documented."
 	switch {
+	case detail == tooManyDetail:
+		// A rule of the request, as the domain's own "1 to 100 items" is;
+		// found before the decode, so the only one reported.
+		p := problem(http.StatusUnprocessableEntity, "validation-failed", "Request failed validation",
+			fmt.Sprintf("An array holds more than %d elements; no request takes more.", maxArrayElems))
+		p.Errors = []domain.FieldError{{Field: clip(field, maxFieldPath), Detail: detail}}
+		return p
 	case detail == tooDeep:
 		summary = fmt.Sprintf("The body nests objects and arrays more than %d levels deep.", maxBodyDepth)
 	case w.null:
@@ -400,6 +424,13 @@ const maxBodyDepth = 64
 
 // tooDeep is the detail of a value nested past maxBodyDepth.
 var tooDeep = fmt.Sprintf("nested more than %d levels deep", maxBodyDepth)
+
+// maxArrayElems bounds every array of a request body: no endpoint takes a
+// longer one (an order's items are at most domain.MaxItems).
+const maxArrayElems = domain.MaxItems
+
+// tooManyDetail is the detail of an array longer than maxArrayElems.
+var tooManyDetail = fmt.Sprintf("must hold at most %d items", maxArrayElems)
 
 // maxFieldPath bounds the path of a bad key that a problem repeats (a key
 // may be as long as the body).
@@ -546,6 +577,9 @@ func (w *keyWalker) array(t reflect.Type, depth int) (detail string) {
 		return ""
 	}
 	for n := 0; w.i < len(w.b); n++ {
+		if n == maxArrayElems {
+			return tooManyDetail
+		}
 		if detail := w.value(elem, depth); detail != "" {
 			w.at = append(w.at, "["+strconv.Itoa(n)+"]")
 			return detail

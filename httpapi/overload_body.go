@@ -107,10 +107,19 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 			writeProblem(w, r, s.Logger, problemFor(err), connErr(err))
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(b))
+		r.Body = &bodyBytes{Reader: bytes.NewReader(b), b: b}
 		next.ServeHTTP(w, r)
 	})
 }
+
+// bodyBytes is a request body readBody has read whole: decodeJSON takes its
+// bytes rather than copying them again.
+type bodyBytes struct {
+	*bytes.Reader
+	b []byte
+}
+
+func (*bodyBytes) Close() error { return nil }
 
 // tooLargeClose is tooLarge with Connection: close: the rest of the body
 // is not read.

@@ -66,7 +66,7 @@ func parsePosition(v string) (query.Position, bool) {
 	id, ver, ok := strings.Cut(v, ":")
 	oid, err1 := uuid.Parse(id)
 	n, err2 := strconv.ParseInt(ver, 10, 64)
-	if !ok || err1 != nil || err2 != nil || n < 1 {
+	if !ok || err1 != nil || len(id) != 36 || err2 != nil || n < 1 {
 		return query.Position{}, false
 	}
 	return query.Position{OrderID: oid, Version: n}, true

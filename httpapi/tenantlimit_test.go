@@ -240,6 +240,44 @@ FROM generate_series(1, 100) i`); err != nil {
 	}
 }
 
+// A request body costs its tenant a token per BytesPerToken bytes too,
+// whatever the answer: a tenant sending megabyte bodies that are refused
+// (here, 1,000 items where 100 are allowed) waits for what reading and
+// checking them cost, while another tenant is served.
+func TestLargeBodiesCostTheirTenantMoreTokens(t *testing.T) {
+	t.Parallel()
+	a := newLimitedAPI(t, httpapi.TenantLimitConfig{Rate: 1, Burst: 30, BytesPerToken: 1024}, 0, 0)
+	heavy, quiet := a.token(t, "heavy"), a.token(t, "quiet")
+	items := strings.TrimSuffix(strings.Repeat(`{"sku":"a-rather-long-sku-to-make-the-body-large","quantity":1,"unit_price":100},`, 1000), ",")
+	body := `{"customer_id":"c-1","currency":"EUR","items":[` + items + `]}` // about 80 KiB: 80 tokens
+	post := func(token, key string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, a.url+"/v1/orders", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header = bearer(token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var p struct{ Type string }
+		_ = json.NewDecoder(res.Body).Decode(&p)
+		return res.StatusCode, strings.TrimPrefix(p.Type, "https://orders.acme.example/problems/")
+	}
+	if st, typ := post(heavy, "k-1"); st != 422 || typ != "validation-failed" {
+		t.Fatalf("a body of 1,000 items: %d %s, want 422 validation-failed", st, typ)
+	}
+	if st, typ := post(heavy, "k-2"); st != 429 || typ != "tenant-rate-limited" {
+		t.Fatalf("heavy's next request after a body that cost its burst: %d %s, want 429 tenant-rate-limited", st, typ)
+	}
+	if st, typ, _ := a.get(t, "/v1/orders?limit=1", bearer(quiet)); st != 200 {
+		t.Fatalf("the quiet tenant meanwhile: %d %s, want 200", st, typ)
+	}
+}
+
 // A tenant at its in-flight limit, or at its limit of waiting
 // read-your-writes readers, gets 429 tenant-overloaded with Retry-After;
 // another tenant is served meanwhile.

@@ -116,7 +116,7 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		tenantRate = env.Int(fs, "tenant-rate", "TENANT_RATE", int(httpapi.DefaultTenantRate), "requests per second of one tenant (token bucket); its excess gets 429 tenant-rate-limited")
 		tenantBurst = env.Int(fs, "tenant-burst", "TENANT_BURST", httpapi.DefaultTenantBurst, "token bucket size of -tenant-rate")
 		tenantBytes = env.Int(fs, "tenant-bytes-per-token", "TENANT_BYTES_PER_TOKEN", httpapi.DefaultTenantBytesPerToken,
-			"a response costs its tenant one more token of -tenant-rate per this many bytes, taken after it is sent")
+			"a request costs its tenant one more token of -tenant-rate per this many bytes of its body and response, taken after it is sent")
 		bodyTimeout = env.Duration(fs, "body-timeout", "BODY_TIMEOUT", httpapi.DefaultBodyTimeout, "how long a request body may take to arrive; slower ones get 408")
 		tokenCacheTTL = env.Duration(fs, "token-cache-ttl", "TOKEN_CACHE_TTL", auth.DefaultCacheTTL, "how long a token's tenant is cached fresh: a token revoked elsewhere works here this long plus one background re-read")
 		acceptLegacy = env.Bool(fs, "accept-legacy-tokens", "ACCEPT_LEGACY_TOKENS", false, "accept tokens made before tokens had a checksum (each forged one then costs a database query)")

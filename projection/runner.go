@@ -589,8 +589,9 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 		final := e.deliveries >= uint64(r.cfg.MaxDeliver)
 		switch {
 		case e.outcome == Malformed:
-			r.deadLetterAndTerm(ctx, e, e.err.Error())
-			r.stats[Malformed].Add(1)
+			if r.deadLetterAndTerm(ctx, e, e.err.Error()) {
+				r.stats[Malformed].Add(1) // once, not per redelivery of one it could not record
+			}
 			dead[keyOf(e.env)] = !e.undecodable
 			continue
 		case e.err != nil && e.permanent:
@@ -650,7 +651,7 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			// makes its order's later ones gaps too. They have a larger
 			// share of their own (youngGapLimit): a flood of gaps (a forged
 			// stream) holds at most that much more of the window, not all.
-			r.stats[Gap].Add(1)
+			r.countGap(e)
 			err = e.msg.NakWithDelay(r.gapDelay(e.deliveries))
 		case e.outcome == Gap:
 			// It has waited long enough that its predecessor may never
@@ -658,7 +659,7 @@ func (r *Runner) settle(ctx context.Context, events []*event) {
 			// young gaps' share: counted against the tenant's share like a
 			// failure's delay, so such events cannot fill the window. Past
 			// the share it is parked, and re-driven.
-			r.stats[Gap].Add(1)
+			r.countGap(e)
 			if d, ok := r.delay(ctx, e, r.gapDelay(e.deliveries), fmt.Sprintf("waiting for version %d of its order", e.env.AggregateVersion-1)); !ok {
 				deferred, deferredAgg[keyOf(e.env)] = append(deferred, d), true
 			}
@@ -802,16 +803,24 @@ func (r *Runner) parkAndAck(ctx context.Context, e *event, reason string, retryI
 	}
 }
 
-// deadLetterAndTerm records e in dead_letters and terminates its message.
-// If the record cannot be written, the message is nak'ed instead, so it is
-// never lost.
-func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string) {
+// countGap counts an event that arrived before its predecessor, once: on
+// its first delivery, not on each redelivery while it waits.
+func (r *Runner) countGap(e *event) {
+	if e.deliveries <= 1 {
+		r.stats[Gap].Add(1)
+	}
+}
+
+// deadLetterAndTerm records e in dead_letters and terminates its message,
+// and reports whether it did. If the record cannot be written, the message
+// is nak'ed instead, so it is never lost.
+func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string) bool {
 	if err := r.deadLetter(ctx, r.db, e, statusOpen, reason, noAttempt); err != nil {
 		r.logger.ErrorContext(ctx, "cannot record dead letter; will retry", "event_id", e.env.ID, "err", err)
 		if err := e.msg.NakWithDelay(r.retryDelay(e.deliveries)); err != nil {
 			r.logger.WarnContext(ctx, "nak message that could not be dead-lettered", "event_id", e.env.ID, "err", err)
 		}
-		return
+		return false
 	}
 	r.logger.ErrorContext(ctx, "event dead-lettered", "stream_seq", e.seq, "event_id", e.env.ID,
 		"aggregate_id", e.env.AggregateID, "aggregate_version", e.env.AggregateVersion, "reason", reason)
@@ -819,6 +828,7 @@ func (r *Runner) deadLetterAndTerm(ctx context.Context, e *event, reason string)
 	if err := e.msg.Term(); err != nil {
 		r.logger.WarnContext(ctx, "term dead-lettered message", "event_id", e.env.ID, "err", err)
 	}
+	return true
 }
 
 // gapCountsFrom is the delay from which a gap's redelivery counts against

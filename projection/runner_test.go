@@ -209,8 +209,8 @@ func TestMalformedEventIsTerminated(t *testing.T) {
 	})
 	// Well past AckWait: a terminated message is not redelivered.
 	time.Sleep(1500 * time.Millisecond)
-	if s := f.runner.Stats(); s.Malformed != 2 {
-		t.Fatalf("stats = %+v: a malformed event came back", s)
+	if s := f.runner.Stats(); s.Malformed != 2 || s.DeadLettered != 2 {
+		t.Fatalf("stats = %+v: a malformed event came back, or was counted twice (2 dead letters)", s)
 	}
 	if n := f.count(t, `SELECT count(*) FROM inbox`); n != 1 {
 		t.Fatalf("inbox rows = %d, want 1 (only the good event)", n)
@@ -340,8 +340,19 @@ func TestOutOfOrderEventWaitsForItsPredecessor(t *testing.T) {
 	f.publish(t, v2, v2.ID.String())
 	f.run(t)
 	eventually(t, "v2 is seen as a gap", func() bool { return f.runner.Stats().Gaps >= 1 })
+	cons, err := f.runner.Consumer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "v2 delivered three times", func() bool {
+		info, err := cons.Info(context.Background())
+		return err == nil && info.Delivered.Consumer >= 3
+	})
 	if n := f.count(t, `SELECT count(*) FROM order_views`); n != 0 {
 		t.Fatal("v2 was applied without v1")
+	}
+	if g := f.runner.Stats().Gaps; g != 1 {
+		t.Fatalf("%d gaps counted for one event that waited; want 1", g)
 	}
 
 	f.publish(t, v1, v1.ID.String())

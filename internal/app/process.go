@@ -194,7 +194,7 @@ func ConnectNATS(url, name string, logger *slog.Logger) (*nats.Conn, error) {
 		nats.ReconnectHandler(func(nc *nats.Conn) { logger.Info("nats reconnected", "url", nc.ConnectedUrlRedacted()) }),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats at %s: %w", url, err)
+		return nil, fmt.Errorf("connect to nats at %s: %w", redactURL(url), err)
 	}
 	return nc, nil
 }

@@ -317,7 +317,13 @@ func runProjector(ctx context.Context, args []string, getenv func(string) string
 		return fmt.Errorf("-projections %q names no projection\n%s", *only, projectorUsage)
 	}
 	if sub == "status" {
-		return printStatus(ctx, runners, stdout)
+		if err := printStatus(ctx, runners, stdout); err != nil && !nc.IsConnected() {
+			// A read of the consumer that timed out says nothing of why.
+			return fmt.Errorf("NATS at %s not reachable (set NATS_URL or -nats-url; is it running?): %w", redactURL(cfg.natsURL), err)
+		} else if err != nil {
+			return err
+		}
+		return nil
 	}
 	names := make([]string, len(runners))
 	for i, r := range runners {
@@ -366,7 +372,7 @@ func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool
 		g.Go(func() error { return r.Run(gctx) })
 	}
 	monitor, err := health.NewMonitor(map[string]health.Check{
-		"postgres": func(ctx context.Context) error { return pool.Ping(ctx) },
+		"postgres": writablePool(pool),
 		"nats":     NATSReady(nc),
 	}, logger.With("component", "health"), health.Config{})
 	if err != nil {
@@ -429,16 +435,17 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner 
 		perRunner("projection_events_applied_total", "events applied by this process", true, func(s projection.Stats) int64 { return s.Applied }),
 		perRunner("projection_duplicates_skipped_total", "redelivered or copied events skipped by the inbox", true, func(s projection.Stats) int64 { return s.Duplicates }),
 		perRunner("projection_stale_skipped_total", "events the projection was already past", true, func(s projection.Stats) int64 { return s.Stale }),
-		perRunner("projection_gaps_waited_total", "events that arrived before their predecessor and were redelivered later", true, func(s projection.Stats) int64 { return s.Gaps }),
+		perRunner("projection_gaps_waited_total", "events that arrived before their predecessor and were redelivered later (each counted once, however often it came back)", true, func(s projection.Stats) int64 { return s.Gaps }),
 		perRunner("projection_pipelined_batches_total", "batches committed in two round trips (every event new and next in line); the others took the careful way", true, func(s projection.Stats) int64 { return s.Pipelined }),
 		perRunner("projection_parked_total", "events parked behind a dead letter", true, func(s projection.Stats) int64 { return s.Parked }),
 		perRunner("projection_deferred_total", "delayed events parked past their tenant's share of the in-flight window, re-driven later", true, func(s projection.Stats) int64 { return s.Deferred }),
-		perRunner("projection_dead_lettered_total", "events dead-lettered (malformed included)", true, func(s projection.Stats) int64 { return s.DeadLettered + s.Malformed }),
+		perRunner("projection_dead_lettered_total", "events dead-lettered (malformed ones included)", true, func(s projection.Stats) int64 { return s.DeadLettered }),
 		applied,
 		lag("projection_pending_events", "events in the stream not yet delivered", func(l projection.Lag) float64 { return float64(l.Pending) }),
 		lag("projection_ack_pending_events", "events delivered and not yet acked", func(l projection.Lag) float64 { return float64(l.AckPending) }),
 		lag("projection_oldest_unapplied_seconds", "age of the oldest event not yet applied", func(l projection.Lag) float64 { return l.OldestUnapplied.Seconds() }),
-		lag("projection_dead_letters_open", "unresolved dead letters (counted up to 10000)", func(l projection.Lag) float64 { return float64(l.DeadOpen) }),
+		lag("projection_dead_letters_open", "open dead letters, each blocking its order until retried or discarded (counted up to 10000)", func(l projection.Lag) float64 { return float64(l.DeadOpen) }),
+		lag("projection_dead_letters_parked", "events parked out of the consumer's window, not applied yet: behind an open dead letter, waiting for a predecessor, or deferred past their tenant's share, re-driven from there (counted up to 10000; acked, so in no other lag gauge)", func(l projection.Lag) float64 { return float64(l.DeadParked) }),
 		lag("projection_consumer_missing", "1 while the projection's consumer (or the stream) does not exist: nothing applies the stream, and pending counts from the checkpoint", func(l projection.Lag) float64 {
 			if l.ConsumerMissing {
 				return 1

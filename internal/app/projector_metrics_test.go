@@ -137,6 +137,7 @@ FROM generate_series(1, 5) AS g`,
 		for _, want := range []string{
 			`orders_projection_dead_letters_open{projection="order_views"} 3`,
 			`orders_projection_dead_letters_open{projection="daily_sales"} 0`,
+			`orders_projection_dead_letters_parked{projection="order_views"} 2`,
 			`orders_projection_pending_events{projection="customer_summaries"} 0`,
 			`orders_projection_inbox_rows_estimated 180000`,
 			`orders_projection_inbox_pruned_total 0`,

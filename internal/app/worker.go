@@ -212,7 +212,7 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.Run(gctx) })
 	monitor, err := health.NewMonitor(map[string]health.Check{
-		"postgres": func(ctx context.Context) error { return pool.Ping(ctx) },
+		"postgres": writablePool(pool),
 		"nats":     NATSReady(nc),
 		"provider": providerCheck,
 	}, logger.With("component", "health"), health.Config{})

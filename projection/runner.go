@@ -285,7 +285,8 @@ func (r *Runner) Stats() Stats {
 // a new consumer, or one created again after it was lost, starts at the
 // stream's first message (see Run for why that is safe).
 func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
-	if _, err := stream.Open(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas}); err != nil {
+	st, err := stream.Open(ctx, r.js, stream.Settings{Replicas: r.cfg.StreamReplicas})
+	if err != nil {
 		return nil, err
 	}
 	c, err := r.js.CreateOrUpdateConsumer(ctx, stream.Name, jetstream.ConsumerConfig{
@@ -302,7 +303,33 @@ func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create or update consumer %s: %w", r.proj.Name(), err)
 	}
+	r.reportDeleted(ctx, st.CachedInfo().State.FirstSeq, c.CachedInfo().AckFloor.Stream)
 	return c, nil
+}
+
+// deletedUnapplied is how many events the stream deleted before this
+// projection acked them, at most: those between its ack floor and the
+// stream's first message. Only a limit set on the stream (max_age,
+// max_bytes, max_msgs: JetStream deletes by them whether or not a consumer
+// has the events) or a purge does that. The consumer takes every subject
+// of the stream, so the count is exact but for events acked above the
+// floor, out of order.
+func deletedUnapplied(firstSeq, ackFloor uint64) uint64 {
+	if firstSeq > ackFloor+1 {
+		return firstSeq - 1 - ackFloor
+	}
+	return 0
+}
+
+// reportDeleted logs events the stream deleted before this projection
+// applied them: lost to its read model (G6) until it is rebuilt from the
+// outbox, which still holds them.
+func (r *Runner) reportDeleted(ctx context.Context, firstSeq, ackFloor uint64) {
+	if n := deletedUnapplied(firstSeq, ackFloor); n > 0 {
+		r.logger.ErrorContext(ctx, "events were deleted from the stream before this projection applied them (a limit set on the stream, or a purge); rebuild the projection to apply them from the outbox",
+			"projection", r.proj.Name(), "events", n, "ack_floor", ackFloor, "stream_first_seq", firstSeq,
+			"fix", "projector rebuild "+r.proj.Name())
+	}
 }
 
 // Run consumes and applies events until ctx ends. It retries its set-up

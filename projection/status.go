@@ -32,6 +32,10 @@ type Lag struct {
 	// DeadLetters: open (blocking their order) and parked behind them, each
 	// counted up to DeadLetterCountCap.
 	DeadOpen, DeadParked int64
+	// DeletedUnapplied: events the stream deleted before the projection
+	// applied them (see deletedUnapplied), lost to the read model until it
+	// is rebuilt. 0 unless the stream has limits, or was purged.
+	DeletedUnapplied uint64
 	// ConsumerMissing: the projection's durable consumer (or the stream)
 	// does not exist, so nothing is applying the stream: the projector has
 	// never run, or the consumer was lost (deleted, or gone with NATS's
@@ -70,12 +74,16 @@ func (r *Runner) Lag(ctx context.Context) (Lag, error) {
 	}
 	info := cons.CachedInfo() // fetched just now by Consumer
 	l.Pending, l.AckPending = info.NumPending, uint64(info.NumAckPending)
+	s, err := r.js.Stream(ctx, stream.Name)
+	if err != nil {
+		return l, fmt.Errorf("read stream %s: %w", stream.Name, err)
+	}
+	first := s.CachedInfo().State.FirstSeq
+	if l.DeletedUnapplied = deletedUnapplied(first, info.AckFloor.Stream); l.DeletedUnapplied > 0 {
+		r.reportDeleted(ctx, first, info.AckFloor.Stream)
+	}
 	if l.Pending+l.AckPending > 0 {
-		s, err := r.js.Stream(ctx, stream.Name)
-		if err != nil {
-			return l, fmt.Errorf("read stream %s: %w", stream.Name, err)
-		}
-		if m, err := s.GetMsg(ctx, info.AckFloor.Stream+1); err == nil {
+		if m, err := s.GetMsg(ctx, max(info.AckFloor.Stream+1, first)); err == nil {
 			l.OldestUnapplied = time.Since(m.Time)
 		}
 	}

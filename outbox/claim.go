@@ -83,7 +83,7 @@ func (w *worker) relayBatch(ctx context.Context) (claimed int, err error) {
 		if o := r.cfg.CommitToPublishedSeconds; o != nil {
 			now := time.Now()
 			for _, e := range events[:acked] {
-				o.Observe(now.Sub(e.CreatedAt).Seconds())
+				o.Observe(max(0, now.Sub(e.CreatedAt).Seconds())) // the database's clock may run ahead of ours
 			}
 		}
 	}

@@ -84,7 +84,7 @@ func (r *Runner) Lag(ctx context.Context) (Lag, error) {
 	}
 	if l.Pending+l.AckPending > 0 {
 		if m, err := s.GetMsg(ctx, max(info.AckFloor.Stream+1, first)); err == nil {
-			l.OldestUnapplied = time.Since(m.Time)
+			l.OldestUnapplied = max(0, time.Since(m.Time)) // NATS's clock, not ours
 		}
 	}
 	return l, nil
@@ -116,7 +116,7 @@ func (r *Runner) lagWithoutConsumer(ctx context.Context, l Lag) (Lag, error) {
 	l.Pending = min(state.LastSeq+1-from, state.Msgs)
 	if l.Pending > 0 {
 		if m, err := s.GetMsg(ctx, from); err == nil {
-			l.OldestUnapplied = time.Since(m.Time)
+			l.OldestUnapplied = max(0, time.Since(m.Time)) // NATS's clock, not ours
 		}
 	}
 	return l, nil

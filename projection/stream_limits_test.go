@@ -1,15 +1,14 @@
 package projection
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/google/uuid"
 
+	"github.com/acme/orders/internal/testenv"
 	"github.com/acme/orders/stream"
 )
 
@@ -21,8 +20,6 @@ import (
 func TestEventsDeletedByAStreamLimitBeforeTheyWereAppliedAreReported(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Config{Workers: 1})
-	var logs syncBuffer
-	f.runner.logger = slog.New(slog.NewTextHandler(&logs, nil))
 	ctx := context.Background()
 	if _, err := f.runner.Consumer(ctx); err != nil { // the projector ran once, then stopped
 		t.Fatal(err)
@@ -47,7 +44,8 @@ func TestEventsDeletedByAStreamLimitBeforeTheyWereAppliedAreReported(t *testing.
 	if l.DeletedUnapplied != 3 || l.Pending != 3 {
 		t.Fatalf("lag %+v; want 3 deleted before they were applied, 3 pending", l)
 	}
-	logs.reset()
+	var logs testenv.LogBuffer
+	f.runner.logger = slog.New(slog.NewTextHandler(&logs, nil))
 	if _, err := f.runner.Consumer(ctx); err != nil { // the projector starts again
 		t.Fatal(err)
 	}
@@ -56,28 +54,4 @@ func TestEventsDeletedByAStreamLimitBeforeTheyWereAppliedAreReported(t *testing.
 	}
 	f.run(t)
 	eventually(t, "the 3 left applied", func() bool { return f.count(t, `SELECT count(*) FROM order_views`) == 3 })
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) reset() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.b.Reset()
 }

@@ -70,6 +70,7 @@ e2e: ## Start a fresh stack in .local/e2e and run api.http against it with httpy
 	@scripts/stack.sh e2e
 
 http: ## Send api.http to a running `make run` (another stack: the same STACK_DIR and API_PORT as its make run)
+	@command -v curl >/dev/null 2>&1 || { echo 'curl is needed: make http asks the stack whether it is ready' >&2; exit 1; }
 	@command -v npx >/dev/null 2>&1 || { echo 'npx (Node.js 18 or later) is needed: make http sends api.http with httpyac' >&2; exit 1; }
 	@if ! curl -s -o /dev/null -m 5 '$(BASE_URL)/readyz'; then \
 		echo 'nothing answers on $(BASE_URL) — start it with `make run` (a stack on other ports: make http API_PORT=its port, STACK_DIR=its folder, as its banner says)' >&2; exit 1; \

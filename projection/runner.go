@@ -311,9 +311,11 @@ func (r *Runner) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 // projection acked them, at most: those between its ack floor and the
 // stream's first message. Only a limit set on the stream (max_age,
 // max_bytes, max_msgs: JetStream deletes by them whether or not a consumer
-// has the events) or a purge does that. The consumer takes every subject
-// of the stream, so the count is exact but for events acked above the
-// floor, out of order.
+// has the events) does that. The consumer takes every subject of the
+// stream, so the count is exact but for events acked above the floor, out
+// of order. It is seen only while the consumer is behind the deleted
+// events: once it fetches past them (or after a purge, at once) the
+// server moves its floor past them and the count is 0 again.
 func deletedUnapplied(firstSeq, ackFloor uint64) uint64 {
 	if firstSeq > ackFloor+1 {
 		return firstSeq - 1 - ackFloor
@@ -326,7 +328,7 @@ func deletedUnapplied(firstSeq, ackFloor uint64) uint64 {
 // outbox, which still holds them.
 func (r *Runner) reportDeleted(ctx context.Context, firstSeq, ackFloor uint64) {
 	if n := deletedUnapplied(firstSeq, ackFloor); n > 0 {
-		r.logger.ErrorContext(ctx, "events were deleted from the stream before this projection applied them (a limit set on the stream, or a purge); rebuild the projection to apply them from the outbox",
+		r.logger.ErrorContext(ctx, "events were deleted from the stream before this projection applied them (a limit set on the stream); rebuild the projection to apply them from the outbox",
 			"projection", r.proj.Name(), "events", n, "ack_floor", ackFloor, "stream_first_seq", firstSeq,
 			"fix", "projector rebuild "+r.proj.Name())
 	}

@@ -34,7 +34,8 @@ type Lag struct {
 	DeadOpen, DeadParked int64
 	// DeletedUnapplied: events the stream deleted before the projection
 	// applied them (see deletedUnapplied), lost to the read model until it
-	// is rebuilt. 0 unless the stream has limits, or was purged.
+	// is rebuilt. 0 unless the stream has limits, and only while the
+	// consumer is behind the deleted events.
 	DeletedUnapplied uint64
 	// ConsumerMissing: the projection's durable consumer (or the stream)
 	// does not exist, so nothing is applying the stream: the projector has

@@ -213,8 +213,10 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 			return c, fmt.Errorf("-relay-min-atomic-batch must be at least 2, got %d", c.relayMinAtomic)
 		case c.relayRetention < 0:
 			return c, fmt.Errorf("-relay-retention must not be negative, got %s", c.relayRetention)
-		case c.relayPoll <= 0:
-			return c, fmt.Errorf("-relay-poll-interval must be positive, got %s", c.relayPoll)
+		case c.relayPoll < 10*time.Millisecond || c.relayPoll > time.Minute:
+			// Shorter, each worker loops on empty claims; longer, an idle
+			// relay is slow to publish what a lost wake-up left.
+			return c, fmt.Errorf("-relay-poll-interval must be 10ms to 1m, got %s", c.relayPoll)
 		}
 	case "token create":
 		if *tenant == "" {

@@ -446,7 +446,7 @@ func projectorMetrics(ctx context.Context, runners []*projection.Runner, pruner 
 		lag("projection_oldest_unapplied_seconds", "age of the oldest event not yet applied", func(l projection.Lag) float64 { return l.OldestUnapplied.Seconds() }),
 		lag("projection_dead_letters_open", "open dead letters, each blocking its order until retried or discarded (counted up to 10000)", func(l projection.Lag) float64 { return float64(l.DeadOpen) }),
 		lag("projection_dead_letters_parked", "events parked out of the consumer's window, not applied yet: behind an open dead letter, waiting for a predecessor, or deferred past their tenant's share, re-driven from there (counted up to 10000; acked, so in no other lag gauge)", func(l projection.Lag) float64 { return float64(l.DeadParked) }),
-		lag("projection_events_deleted_unapplied", "events the stream deleted before this projection applied them (a limit set on the stream, or a purge): lost to its read model until `projector rebuild` applies them from the outbox; 0 unless the stream has limits", func(l projection.Lag) float64 { return float64(l.DeletedUnapplied) }),
+		lag("projection_events_deleted_unapplied", "events the stream deleted before this projection applied them (a limit set on the stream): lost to its read model until `projector rebuild` applies them from the outbox; 0 unless the stream has limits", func(l projection.Lag) float64 { return float64(l.DeletedUnapplied) }),
 		lag("projection_consumer_missing", "1 while the projection's consumer (or the stream) does not exist: nothing applies the stream, and pending counts from the checkpoint", func(l projection.Lag) float64 {
 			if l.ConsumerMissing {
 				return 1
@@ -573,7 +573,7 @@ func printStatus(ctx context.Context, runners []*projection.Runner, stdout io.Wr
 		return err
 	}
 	if len(deleted) > 0 {
-		fmt.Fprintf(stdout, "\nevents the stream deleted before they were applied (a limit set on the stream, or a purge): %s.\n"+
+		fmt.Fprintf(stdout, "\nevents the stream deleted before they were applied (a limit set on the stream): %s.\n"+
 			"They are missing from the read model: rebuild it from the outbox (projector rebuild NAME).\n", strings.Join(deleted, ", "))
 	}
 	if len(missing) > 0 {

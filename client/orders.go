@@ -216,18 +216,26 @@ func (c *Client) GetOrder(ctx context.Context, id string, opts ...CallOption) (*
 // deadline. Any other error is returned at once.
 func (c *Client) WaitForVersion(ctx context.Context, id string, version int64, opts ...CallOption) (*Order, error) {
 	opts = append(opts[:len(opts):len(opts)], WithMinVersion(version))
+	return readYourWrite(ctx, c, fmt.Sprintf("order %s version %d", id, version), func() (*Order, error) {
+		return c.GetOrder(ctx, id, opts...)
+	})
+}
+
+// readYourWrite calls read until its answer is not view-behind, or ctx
+// ends (an error naming what it waited for). Each read already waited on
+// the server (its read wait, or WithWait), so it asks again after a
+// jittered backoff, not the full Retry-After.
+func readYourWrite[T any](ctx context.Context, c *Client, what string, read func() (*T, error)) (*T, error) {
 	for n := 1; ; n++ {
-		o, err := c.GetOrder(ctx, id, opts...)
+		v, err := read()
 		if !IsViewBehind(err) {
-			return o, err
+			return v, err
 		}
-		// Each GET already waited (the server's read wait, or WithWait);
-		// ask again after a jittered backoff, not the full Retry-After.
 		t := time.NewTimer(c.backoff(n))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("wait for order %s version %d: %w (last answer: %w)", id, version, ctx.Err(), err)
+			return nil, fmt.Errorf("wait for %s: %w (last answer: %w)", what, ctx.Err(), err)
 		case <-t.C:
 		}
 	}
@@ -328,19 +336,10 @@ func (c *Client) CustomerSummary(ctx context.Context, customerID string, minPosi
 // GET waits on the server, and after a view-behind answer it asks again
 // after a full-jitter backoff until ctx ends: give ctx a deadline.
 func (c *Client) WaitForSummary(ctx context.Context, customerID string, pos Position, opts ...CallOption) (*CustomerSummary, error) {
-	for n := 1; ; n++ {
-		s, err := c.CustomerSummary(ctx, customerID, &pos, opts...)
-		if !IsViewBehind(err) {
-			return s, err
-		}
-		t := time.NewTimer(c.backoff(n))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("wait for customer %s's summary to include order %s version %d: %w (last answer: %w)", customerID, pos.OrderID, pos.Version, ctx.Err(), err)
-		case <-t.C:
-		}
-	}
+	what := fmt.Sprintf("customer %s's summary to include order %s version %d", customerID, pos.OrderID, pos.Version)
+	return readYourWrite(ctx, c, what, func() (*CustomerSummary, error) {
+		return c.CustomerSummary(ctx, customerID, &pos, opts...)
+	})
 }
 
 // DailySalesOptions bounds DailySales: From and To are instants whose UTC

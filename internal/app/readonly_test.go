@@ -39,14 +39,7 @@ func TestEveryProcessIsUnreadyOnAReadOnlyDatabase(t *testing.T) {
 	if _, err := db.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
 		t.Fatal(err)
 	}
-	for name, base := range procs {
-		testenv.Eventually(t, 20*time.Second, name+"'s /readyz is 503", func() bool {
-			res, err := http.Get(base + "/readyz")
-			if err != nil {
-				t.Fatalf("GET %s/readyz: %v", base, err)
-			}
-			res.Body.Close()
-			return res.StatusCode == http.StatusServiceUnavailable
-		})
+	for _, base := range procs {
+		waitReadyz(t, base, http.StatusServiceUnavailable, 20*time.Second)
 	}
 }

@@ -31,13 +31,19 @@ func getWaiting(t *testing.T, url, token string) reply {
 
 func waitReady(t *testing.T, base string) {
 	t.Helper()
-	testenv.Eventually(t, 10*time.Second, base+"/readyz is 200", func() bool {
+	waitReadyz(t, base, http.StatusOK, 10*time.Second)
+}
+
+// waitReadyz waits up to within for base's /readyz to answer status.
+func waitReadyz(t *testing.T, base string, status int, within time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, within, fmt.Sprintf("%s/readyz is %d", base, status), func() bool {
 		res, err := http.Get(base + "/readyz")
 		if err != nil {
 			t.Fatalf("GET %s/readyz: %v", base, err)
 		}
 		res.Body.Close()
-		return res.StatusCode == http.StatusOK
+		return res.StatusCode == status
 	})
 }
 

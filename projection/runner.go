@@ -27,7 +27,7 @@ const (
 	DefaultBatchSize  = 250
 	DefaultBatchWait  = 3 * time.Millisecond
 	DefaultWorkers    = 2
-	DefaultAckWait    = 30 * time.Second
+	DefaultAckWait    = 10 * time.Second
 	DefaultMaxDeliver = 10
 	DefaultGapDelay   = 20 * time.Millisecond
 	DefaultRetryDelay = time.Second
@@ -535,7 +535,7 @@ func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 	start := time.Now()
 	ctx, endSpan := traceBatch(ctx, r.proj.Name(), msgs)
 	defer endSpan()
-	stop := r.keepInProgress(msgs)
+	stop := stream.KeepInProgress(r.cfg.AckWait, msgs...)
 	defer stop()
 	if o := r.obs.BatchEvents; o != nil {
 		o.Observe(float64(len(msgs)))
@@ -586,26 +586,6 @@ func (r *Runner) commitApart(ctx context.Context, events []*event, err error) {
 			r.commitApart(ctx, part, err)
 		}
 	}
-}
-
-// keepInProgress sends InProgress for msgs every AckWait/3 until stopped.
-func (r *Runner) keepInProgress(msgs []jetstream.Msg) (stop func()) {
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(r.cfg.AckWait / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				for _, m := range msgs {
-					_ = m.InProgress()
-				}
-			}
-		}
-	}()
-	return func() { close(done) }
 }
 
 // settle acks, naks or terminates each message after the transaction.

@@ -125,7 +125,11 @@ func (w *Worker) consume(ctx context.Context, name string) (err error) {
 				case <-ctx.Done():
 					return
 				case m := <-msgs:
+					// A provider call with its retries may outlast the ack
+					// wait: the intent is not delivered again meanwhile.
+					stop := stream.KeepInProgress(w.cfg.AckWait, m)
 					w.process(work, name, slots, fails, m)
+					stop()
 				case p := <-jobs:
 					w.settleParked(work, name, p)
 					slots.release(p.Tenant)

@@ -61,9 +61,13 @@ const (
 	// NOTIFY (#12), and pay → paid queued for seconds; 32 keeps up.
 	DefaultConcurrency = 32
 	// DefaultAckWait is how long JetStream waits for an ack before it
-	// redelivers: longer than a provider call with the adapter's own
-	// network retries (3 × 10 s + backoff) and the recording after it.
-	DefaultAckWait = time.Minute
+	// redelivers: how long the intents of a worker that died (kill -9, a
+	// crash) wait to be settled by another or by its restart. An intent
+	// being worked on is kept in progress (every AckWait/3), however long
+	// its provider call with the adapter's own retries (3 × 10 s +
+	// backoff) and the recording after it take. It was a minute: after a
+	// kill -9 under load, orders stayed payment_pending for up to two.
+	DefaultAckWait = 10 * time.Second
 	// DefaultMaxDeliver is how many deliveries an intent gets before it is
 	// dead-lettered.
 	DefaultMaxDeliver = 10

@@ -875,6 +875,33 @@ func TestSlowTenantHoldsOnlyItsShareOfTheSlots(t *testing.T) {
 	}
 }
 
+// An intent whose provider call outlasts the ack wait is kept in progress:
+// it is not delivered again meanwhile (a second copy would go to the
+// provider too), so the ack wait can be short and only bounds how long the
+// intents of a worker that died wait for another delivery.
+func TestAProviderCallLongerThanTheAckWaitIsNotDeliveredAgain(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	slow := &slowFor{Provider: r.provider, tenant: "slowco", release: make(chan struct{})}
+	r.provider = slow
+	w, _ := r.start(t, settle.Config{AckWait: time.Second})
+	release := slow.releaseOnCleanup(t)
+
+	r.tenant = "slowco"
+	id := r.payMany(t, 1)[0]
+	testenv.Eventually(t, 15*time.Second, "the charge held in the provider", func() bool { return slow.blocked.Load() == 1 })
+	time.Sleep(3500 * time.Millisecond) // three and a half ack waits, each of which would have redelivered it
+	if n := slow.blocked.Load(); n != 1 {
+		t.Fatalf("the provider was asked %d times while the first call was in progress, want 1: the intent was delivered again", n)
+	}
+	release()
+	r.waitStatus(t, id, "paid", 10*time.Second)
+	r.assertOneCharge(t, id)
+	if s := w.Stats(); s.ChargesSucceeded != 1 {
+		t.Fatalf("stats %+v: want one charge", s)
+	}
+}
+
 func TestConfigValidateTenantShare(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {

@@ -198,3 +198,28 @@ func (m *sessionMsg) NakWithDelay(d time.Duration) error {
 func (m *sessionMsg) TermWithReason(reason string) error {
 	return m.s.settle(func() error { return m.Msg.TermWithReason(reason) })
 }
+
+// KeepInProgress tells JetStream every ackWait/3 that msgs are still being
+// worked on (InProgress resets each one's ack wait), until stop is called:
+// work on a message may outlast the ack wait (a batch held up by a lock, a
+// provider call with its retries) without the message being delivered
+// again meanwhile, so the ack wait only bounds how long the messages of a
+// process that died wait to be delivered again.
+func KeepInProgress(ackWait time.Duration, msgs ...jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(ackWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				for _, m := range msgs {
+					_ = m.InProgress()
+				}
+			}
+		}
+	}()
+	return func() { close(done) }
+}

@@ -166,7 +166,7 @@ func (s *stack) up(ctx context.Context) error {
 		}},
 		{"projector", nil, func(port int) []string {
 			return []string{"DATABASE_URL=" + pgURL(s.pgPort), "NATS_URL=" + natsURL(projNATS),
-				fmt.Sprintf("PROJECTOR_HTTP_ADDR=127.0.0.1:%d", port), "PROJECTOR_ACK_WAIT=5s"}
+				fmt.Sprintf("PROJECTOR_HTTP_ADDR=127.0.0.1:%d", port)}
 		}},
 	}
 	for _, svc := range services {
@@ -185,7 +185,8 @@ func (s *stack) up(ctx context.Context) error {
 	}
 	// The payment provider (fakepsp, its ledger in its own database on the
 	// same server) and two payment workers, reaching PostgreSQL and NATS
-	// directly; ack wait 5 s so a killed worker's intents come back soon.
+	// directly. Every process keeps its default ack wait, so the suite
+	// shows how soon a killed process's messages come back as shipped.
 	if s.pspPort, err = harness.FreePort(); err != nil {
 		return err
 	}
@@ -200,7 +201,7 @@ func (s *stack) up(ctx context.Context) error {
 		s.procs[name] = &proc{name: name, bin: "worker", port: port, env: append(append([]string{}, commonEnv...),
 			"DATABASE_URL="+pgURL(s.pgPort), "NATS_URL="+natsURL(s.natsPort), s.pspURL("PAYMENT_PROVIDER_URL="),
 			"PAYMENT_PROVIDER_KEY=sk_test_local", fmt.Sprintf("WORKER_HTTP_ADDR=127.0.0.1:%d", port),
-			"WORKER_ACK_WAIT=5s", fmt.Sprintf("WORKER_MAX_DELIVER=%d", workerMaxDeliver),
+			fmt.Sprintf("WORKER_MAX_DELIVER=%d", workerMaxDeliver),
 			fmt.Sprintf("WORKER_TENANT_SHARE_PERCENT=%d", workerSharePercent[i-1]))}
 	}
 	for _, p := range s.procs {

@@ -17,7 +17,8 @@ type CancelOrder struct {
 	OrderID  uuid.UUID `json:"order_id"`
 	Reason   string    `json:"reason"`
 	// ExpectedVersion, if not 0, is the version the change was made on
-	// (If-Match): another is refused (KindPreconditionFailed).
+	// (If-Match): another is refused (KindPreconditionFailed), unless the
+	// order is cancelled already (checkExpectedUnlessDone).
 	ExpectedVersion int64 `json:"expected_version,omitempty"`
 }
 
@@ -48,7 +49,7 @@ func (h CancelOrderHandler) Run(ctx context.Context, idem *Idempotency, req Orde
 
 func (h CancelOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd CancelOrder) (domain.Order, bool, error) {
 	return changeOrderMany(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) ([]domain.Event, error) {
-		if err := checkExpected(o, cmd.ExpectedVersion); err != nil {
+		if err := checkExpectedUnlessDone(o, cmd.ExpectedVersion, o.Status == domain.StatusCancelled); err != nil {
 			return nil, err
 		}
 		return o.Cancel(cmd.Reason, h.now())

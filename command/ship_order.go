@@ -15,7 +15,8 @@ type ShipOrder struct {
 	TenantID string    `json:"-"`
 	OrderID  uuid.UUID `json:"order_id"`
 	// ExpectedVersion, if not 0, is the version the change was made on
-	// (If-Match): another is refused (KindPreconditionFailed).
+	// (If-Match): another is refused (KindPreconditionFailed), unless the
+	// order is shipped already (checkExpectedUnlessDone).
 	ExpectedVersion int64 `json:"expected_version,omitempty"`
 }
 
@@ -42,7 +43,7 @@ func (h ShipOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderR
 
 func (h ShipOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd ShipOrder) (domain.Order, bool, error) {
 	return changeOrder(ctx, tx, cmd.TenantID, cmd.OrderID, func(o *domain.Order) (domain.Event, error) {
-		if err := checkExpected(o, cmd.ExpectedVersion); err != nil {
+		if err := checkExpectedUnlessDone(o, cmd.ExpectedVersion, o.Status == domain.StatusShipped); err != nil {
 			return nil, err
 		}
 		return o.Ship(h.now())

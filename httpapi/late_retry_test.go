@@ -88,3 +88,68 @@ func TestALateRetryIsToldItsKeyRanBefore(t *testing.T) {
 	lateRetry("create, with another body", func() response { return a.post(t, "late-create", other) })
 	lateRetry("create", func() response { return a.post(t, "late-create", validBody) })
 }
+
+// A ship or a cancel sent with If-Match that ran, retried after its key
+// expired (or after its answer was lost while another client did the same
+// step), finds the order shipped or cancelled at a newer version. It is
+// answered 200 with the order unchanged, as it is without If-Match, not 412:
+// that would tell the client its step did not happen, and the 412 would be
+// stored under the key and replayed for a day.
+func TestALateShipOrCancelWithIfMatchIsNotTold412(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	expireKeys := func() {
+		t.Helper()
+		if _, err := a.db.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	events := func(id string) (n int) {
+		t.Helper()
+		if err := a.db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE aggregate_id = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	step := func(id, what, key string, version int64, body string) response {
+		return a.do(t, http.MethodPost, "/v1/orders/"+id+"/"+what,
+			map[string]string{"Idempotency-Key": key, "If-Match": `"` + strconv.FormatInt(version, 10) + `"`}, body)
+	}
+	check := func(id, what, key string, version int64, body, status string) {
+		t.Helper()
+		first := step(id, what, key, version, body)
+		if first.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", what, first.status, first.body)
+		}
+		ran := decodeOrder(t, first)
+		n := events(id)
+		expireKeys()
+		for i := range 2 {
+			r := step(id, what, key, version, body)
+			if r.status != http.StatusOK {
+				t.Fatalf("late retry %d of the %s with If-Match %d (the order is %s at %d): %d %s; want 200 with the order unchanged",
+					i+1, what, version, ran.Status, ran.Version, r.status, r.body)
+			}
+			if o := decodeOrder(t, r); o.Status != status || o.Version != ran.Version {
+				t.Fatalf("late retry %d of the %s: the order is %s at %d, want %s at %d", i+1, what, o.Status, o.Version, status, ran.Version)
+			}
+			if m := events(id); m != n {
+				t.Fatalf("late retry %d of the %s wrote %d events", i+1, what, m-n)
+			}
+		}
+		// Another step under If-Match of a stale version is still refused.
+		if r := step(id, "pay", key+"-pay", version, ""); r.status != http.StatusPreconditionFailed && r.status != http.StatusConflict {
+			t.Fatalf("a pay with a stale If-Match on a %s order: %d %s", status, r.status, r.body)
+		}
+	}
+
+	pending := decodeOrder(t, a.post(t, "late-cancel-create", validBody))
+	check(pending.ID, "cancel", "late-cancel", pending.Version, `{"reason":"ordered twice"}`, "cancelled")
+
+	paid := decodeOrder(t, a.post(t, "late-ship-create", validBody))
+	if r := a.do(t, http.MethodPost, "/v1/orders/"+paid.ID+"/pay", map[string]string{"Idempotency-Key": "late-ship-pay"}, ""); r.status != 202 {
+		t.Fatalf("pay: %d %s", r.status, r.body)
+	}
+	a.charge(t, paid.ID, true)
+	check(paid.ID, "ship", "late-ship", paid.Version+2, "", "shipped")
+}

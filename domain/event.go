@@ -321,7 +321,8 @@ func DecodeEnvelope(b []byte) (Envelope, error) {
 // build's (it cannot know what that one means: consumers are upgraded
 // before the api, and after the upgrade its dead letter can be retried), or
 // an occurred_at outside what JSON can hold (a read model keeping it could
-// never be shown). Decode checks it; a consumer that uses an event without
+// never be shown), or an order's first version that is not its
+// order.created (or an order.created at another). Decode checks it; a consumer that uses an event without
 // decoding its data checks it itself.
 func (e Envelope) CheckValues() error {
 	switch {
@@ -329,6 +330,12 @@ func (e Envelope) CheckValues() error {
 		return fmt.Errorf("%w: %s event of schema_version %d, newer than this build's %d", ErrMalformedEvent, e.Type, e.SchemaVersion, SchemaVersion)
 	case !representable(e.OccurredAt):
 		return fmt.Errorf("%w: %s event's occurred_at %s", ErrMalformedEvent, e.Type, outOfRange)
+	case (e.Type == TypeOrderCreated) != (e.AggregateVersion == 1):
+		// An order begins with order.created, at version 1, and with
+		// nothing else: another event at version 1 would count an order
+		// nobody created in the aggregates (its paid amount, a status
+		// count below zero that made the customer's summary unreadable).
+		return fmt.Errorf("%w: %s event at aggregate_version %d: an order's version 1, and only it, is %s", ErrMalformedEvent, e.Type, e.AggregateVersion, TypeOrderCreated)
 	}
 	return nil
 }

@@ -78,7 +78,7 @@ func TestDecodeEnvelopeMalformed(t *testing.T) {
 func TestEnvelopeDecodeRefusesValuesNoEventHolds(t *testing.T) {
 	t.Parallel()
 	env := func(data string) domain.Envelope {
-		return domain.Envelope{Type: domain.TypeOrderCreated, SchemaVersion: domain.SchemaVersion, Data: json.RawMessage(data)}
+		return domain.Envelope{Type: domain.TypeOrderCreated, SchemaVersion: domain.SchemaVersion, AggregateVersion: 1, Data: json.RawMessage(data)}
 	}
 	refused := map[string]struct {
 		env    domain.Envelope
@@ -92,10 +92,14 @@ func TestEnvelopeDecodeRefusesValuesNoEventHolds(t *testing.T) {
 		"year -1 in UTC":             {env(`{"created_at":"0000-01-01T00:00:00+01:00"}`), &domain.OrderCreated{}, "created_at is outside"},
 		"year 10000 in a later zone": {env(`{"at":"9999-12-31T23:30:00-01:00"}`), &domain.OrderShipped{}, "at is outside"},
 		"the last day of 9999":       {env(`{"refunded_at":"9999-12-31T00:00:00Z"}`), &domain.OrderRefunded{}, "refunded_at is outside"},
-		"a newer schema": {domain.Envelope{Type: domain.TypeOrderCreated, SchemaVersion: domain.SchemaVersion + 1, Data: json.RawMessage(`{}`)},
+		"a newer schema": {domain.Envelope{Type: domain.TypeOrderCreated, SchemaVersion: domain.SchemaVersion + 1, AggregateVersion: 1, Data: json.RawMessage(`{}`)},
 			&domain.OrderCreated{}, "newer than this build's"},
-		"occurred in year 0": {domain.Envelope{Type: domain.TypeOrderCreated, OccurredAt: time.Date(0, 6, 1, 0, 0, 0, 0, time.UTC), Data: json.RawMessage(`{}`)},
+		"occurred in year 0": {domain.Envelope{Type: domain.TypeOrderCreated, AggregateVersion: 1, OccurredAt: time.Date(0, 6, 1, 0, 0, 0, 0, time.UTC), Data: json.RawMessage(`{}`)},
 			&domain.OrderCreated{}, "occurred_at is outside"},
+		"an order's first version that is not its creation": {domain.Envelope{Type: domain.TypeOrderPaid, AggregateVersion: 1, Data: json.RawMessage(`{"total":1000,"status":"paid"}`)},
+			&domain.OrderPaid{}, "version 1, and only it, is order.created"},
+		"a creation at a later version": {domain.Envelope{Type: domain.TypeOrderCreated, AggregateVersion: 3, Data: json.RawMessage(`{}`)},
+			&domain.OrderCreated{}, "version 1, and only it, is order.created"},
 	}
 	for name, tt := range refused {
 		err := tt.env.Decode(tt.target)

@@ -159,6 +159,17 @@ VALUES ('t1', 'c-huge', 'EUR', 9223372036854775807, 0, 0, now()), ('t1', 'c-huge
 	if res := a.do(t, http.MethodGet, "/v1/customers/c-huge/summary", nil, ""); res.status != http.StatusInternalServerError || strings.Contains(string(res.body), "-9223372036854775808") {
 		t.Fatalf("summary whose counts pass 2^63: status %d, body %s; want 500, no wrapped count", res.status, res.body)
 	}
+	// A count below zero (a status change discarded by an operator) is
+	// shown as none; the summary stays readable (it was a 500 for good).
+	if _, err := a.db.Exec(context.Background(), `
+INSERT INTO customer_summaries (tenant_id, customer_id, currency, orders_pending, orders_paid, total_paid, total_refunded, last_order_at)
+VALUES ('t1', 'c-minus', 'EUR', -2, 1, 1000, 0, now())`); err != nil {
+		t.Fatal(err)
+	}
+	if res := a.do(t, http.MethodGet, "/v1/customers/c-minus/summary", nil, ""); res.status != http.StatusOK ||
+		!strings.Contains(string(res.body), `"pending":0`) || !strings.Contains(string(res.body), `"total":1}`) {
+		t.Fatalf("summary with a count below zero: status %d, body %s; want 200, pending 0, 1 order", res.status, res.body)
+	}
 
 	res = a.do(t, http.MethodGet, "/v1/reports/daily-sales?from=2026-11-21&to=2026-11-21", nil, "")
 	if res.status != http.StatusOK {

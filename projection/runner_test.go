@@ -223,8 +223,11 @@ func TestMalformedEventIsTerminated(t *testing.T) {
 // to be written, and the event came back for ever), a negative total (it
 // would have made sums negative), a time JSON cannot hold (the order could
 // then never be read: a 500 for every page holding it), an event of a newer
-// schema (this build does not know what it means). All but the first name
-// their order, so its later events wait behind them.
+// schema (this build does not know what it means), an order.paid as an
+// order's version 1 (the aggregates counted an order nobody created: a paid
+// amount, and a status count below zero that made the customer's summary
+// a 500). All but the NUL tenant's name their order, so its later events
+// wait behind them.
 func TestEventsNoCommandWritesAreDeadLetteredByEveryProjection(t *testing.T) {
 	t.Parallel()
 	withData := func(env domain.Envelope, key string, value any) domain.Envelope {
@@ -250,7 +253,11 @@ func TestEventsNoCommandWritesAreDeadLetteredByEveryProjection(t *testing.T) {
 			newer.SchemaVersion = domain.SchemaVersion + 1
 			late := createdEvent(t, uuid.Must(uuid.NewV7()))
 			late.OccurredAt = time.Date(9999, 12, 31, 23, 0, 0, 0, time.FixedZone("", -5*3600))
+			paidFirst := createdEvent(t, uuid.Must(uuid.NewV7()))
+			paidFirst.Type = domain.TypeOrderPaid
+			paidFirst.Data = json.RawMessage(`{"customer_id":"c-1","currency":"EUR","total":1000,"from_status":"payment_pending","status":"paid","at":"2026-01-01T00:00:00Z","attempt":1,"charge_id":"pi_x","amount":1000}`)
 			poison := []domain.Envelope{
+				paidFirst,
 				nulTenant,
 				withData(createdEvent(t, uuid.Must(uuid.NewV7())), "total", -4990),
 				withData(createdEvent(t, uuid.Must(uuid.NewV7())), "created_at", "0000-01-01T00:00:00+01:00"),

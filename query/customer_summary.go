@@ -105,6 +105,10 @@ func (h GetCustomerSummaryHandler) Handle(ctx context.Context, q GetCustomerSumm
 		} {
 			// Checked, as every sum of the read side: a count a row holds
 			// is checked by PostgreSQL, their sums over currencies here.
+			// A count below zero (an operator discarded a status change
+			// of the projection's) is shown as none, not refused: the
+			// summary stays readable until the projection is rebuilt.
+			n = max(n, 0)
 			byStatus, ok1 := addCount(s.ByStatus[st], n)
 			orders, ok2 := addCount(s.Orders, n)
 			if !ok1 || !ok2 {

@@ -409,3 +409,56 @@ func TestRetryRefundStartsTheNextAttemptOnlyAfterAFailure(t *testing.T) {
 		t.Fatalf("refund of a cancelled order never paid: err %v, want KindConflict", err)
 	}
 }
+
+// An intent is settled only for an order that awaits it: the charge of its
+// current attempt for its total by its method, or the pending refund of
+// the charge that paid it. Anything else is a KindConflict.
+func TestAnOrderAwaitsOnlyTheIntentItAskedFor(t *testing.T) {
+	t.Parallel()
+	paying := orderIn(t, domain.StatusPaymentPending)
+	charge := domain.PaymentRequested{Transition: domain.Transition{Currency: paying.Currency}, Attempt: 1, Amount: paying.Total, PaymentMethod: domain.DefaultPaymentMethod}
+	if err := paying.AwaitsCharge(charge); err != nil {
+		t.Fatalf("the charge asked for: %v", err)
+	}
+	refused := map[string]func(*domain.PaymentRequested){
+		"another attempt":  func(r *domain.PaymentRequested) { r.Attempt = 2 },
+		"another amount":   func(r *domain.PaymentRequested) { r.Amount++ },
+		"another currency": func(r *domain.PaymentRequested) { r.Currency = "JPY" },
+		"another method":   func(r *domain.PaymentRequested) { r.PaymentMethod = "pm_card_mastercard" },
+	}
+	for name, change := range refused {
+		r := charge
+		change(&r)
+		if err := paying.AwaitsCharge(r); domain.KindOf(err) != domain.KindConflict {
+			t.Errorf("a charge of %s: %v, want a conflict", name, err)
+		}
+	}
+	for _, st := range []domain.Status{domain.StatusPending, domain.StatusPaymentFailed, domain.StatusPaid, domain.StatusCancelled} {
+		if o := orderIn(t, st); domain.KindOf(o.AwaitsCharge(charge)) != domain.KindConflict {
+			t.Errorf("a %s order awaits a charge", st)
+		}
+	}
+
+	paid := orderIn(t, domain.StatusPaid)
+	if domain.KindOf(paid.AwaitsRefund(domain.RefundRequested{Attempt: 1, ChargeID: "pi_1", Amount: paid.Total, Currency: paid.Currency})) != domain.KindConflict {
+		t.Error("a paid order, never cancelled, awaits a refund")
+	}
+	evs, err := paid.Cancel("fraud", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	refund := evs[1].(domain.RefundRequested)
+	if err := paid.AwaitsRefund(refund); err != nil {
+		t.Fatalf("the refund asked for: %v", err)
+	}
+	other := refund
+	other.ChargeID = "pi_of_another_order"
+	if domain.KindOf(paid.AwaitsRefund(other)) != domain.KindConflict {
+		t.Error("a refund of another order's charge is awaited")
+	}
+	other = refund
+	other.Attempt = 2
+	if domain.KindOf(paid.AwaitsRefund(other)) != domain.KindConflict {
+		t.Error("a refund of another attempt is awaited")
+	}
+}

@@ -173,6 +173,44 @@ func ChargeableRule(currency string) string {
 	return rule
 }
 
+// AwaitsCharge returns nil if o awaits the charge that req asks for: it is
+// payment_pending on req's attempt, with req's method, and req's amount and
+// currency are its total's. Any other intent is a KindConflict *Error: no
+// command of ours asked for it (only a message published straight to the
+// stream does, or a copy of an intent whose outcome is recorded), and the
+// provider must not be asked for it, since RecordCharge would not record
+// what it made: a charge our orders do not show (G8).
+func (o *Order) AwaitsCharge(req PaymentRequested) error {
+	if o.Status == StatusPaymentPending && req.Attempt == o.Payment.Attempt && req.PaymentMethod == o.Payment.Method &&
+		req.Amount == o.Total && req.Currency == o.Currency {
+		return nil
+	}
+	return &Error{
+		Kind: KindConflict,
+		Message: fmt.Sprintf("order %s does not await charge attempt %d of %d %s by %q: it is %s on attempt %d of %d %s by %q",
+			o.ID, req.Attempt, req.Amount, req.Currency, req.PaymentMethod, o.Status, o.Payment.Attempt, o.Total, o.Currency, o.Payment.Method),
+		State: string(o.Status),
+	}
+}
+
+// AwaitsRefund returns nil if o awaits the refund that req asks for: it is
+// cancelled with refund attempt req.Attempt pending, of the charge that
+// paid it, for its total. Any other intent is a KindConflict *Error, as
+// for AwaitsCharge: the provider must not refund what our orders would not
+// show refunded (or another order's charge).
+func (o *Order) AwaitsRefund(req RefundRequested) error {
+	if o.Status == StatusCancelled && o.Refund.Status == RefundPending && req.Attempt == o.Refund.Attempt &&
+		req.ChargeID == o.Payment.ChargeID && req.Amount == o.Total && req.Currency == o.Currency {
+		return nil
+	}
+	return &Error{
+		Kind: KindConflict,
+		Message: fmt.Sprintf("order %s does not await refund attempt %d of charge %q for %d %s: it is %s, refund %q on attempt %d of charge %q for %d %s",
+			o.ID, req.Attempt, req.ChargeID, req.Amount, req.Currency, o.Status, o.Refund.Status, o.Refund.Attempt, o.Payment.ChargeID, o.Total, o.Currency),
+		State: string(o.Status),
+	}
+}
+
 // RecordCharge records the provider's outcome of charge attempt attempt: a
 // succeeded charge makes the order paid (OrderPaid), a decline makes it
 // payment_failed (OrderPaymentFailed). A stale outcome (the order is not

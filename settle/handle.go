@@ -56,7 +56,7 @@ func (w *Worker) settle(ctx context.Context, consumer string, data []byte, redel
 
 // settleEnvelope is settle for the decoded intent env.
 func (w *Worker) settleEnvelope(ctx context.Context, consumer string, env domain.Envelope, redelivered bool) result {
-	recorded, err := w.recorded(ctx, consumer, env.ID)
+	recorded, order, err := w.lookUp(ctx, consumer, env)
 	if err != nil {
 		return result{verdict: retry, err: err}
 	}
@@ -74,9 +74,9 @@ func (w *Worker) settleEnvelope(ctx context.Context, consumer string, env domain
 	}
 	switch {
 	case consumer == ChargeConsumer && env.Type == domain.TypePaymentRequested:
-		return w.charge(ctx, env, redelivered)
+		return w.charge(ctx, env, order, redelivered)
 	case consumer == RefundConsumer && env.Type == domain.TypeRefundRequested:
-		return w.refund(ctx, env, redelivered)
+		return w.refund(ctx, env, order, redelivered)
 	}
 	return result{verdict: dead, err: fmt.Errorf("%w: consumer %s cannot settle a %s event", domain.ErrMalformedEvent, consumer, env.Type)}
 }
@@ -114,6 +114,47 @@ var ErrProviderDisagrees = errors.New("the provider holds what our records say i
 // 24 h the provider keeps a key (and any clock skew between the api that
 // stamped it and this worker), far over what a live intent waits.
 const oldIntent = time.Hour
+
+// intentLookUpSQL reads, in one round trip, whether consumer $1 recorded
+// the outcome of event $2, and the order ($3, $4) it is for as it stands
+// (an empty status if the tenant has no such order).
+const intentLookUpSQL = `
+SELECT EXISTS (SELECT 1 FROM payment_inbox WHERE consumer = $1 AND event_id = $2),
+       coalesce(o.status, ''), coalesce(o.total, 0), coalesce(o.currency, ''),
+       coalesce(o.payment, '{}'), coalesce(o.refund, '{}')
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN orders o ON o.tenant_id = $3 AND o.id = $4`
+
+// lookUp reports whether consumer recorded the outcome of intent env, and
+// returns its order (for the intent's check against it: awaited) unless it
+// did. The order is read without a lock: while it awaits the intent's
+// outcome, nothing but that outcome's record moves it.
+func (w *Worker) lookUp(ctx context.Context, consumer string, env domain.Envelope) (recorded bool, o domain.Order, err error) {
+	o.ID, o.TenantID = env.AggregateID, env.TenantID
+	if err := w.db.QueryRow(ctx, intentLookUpSQL, consumer, env.ID, env.TenantID, env.AggregateID).Scan(
+		&recorded, &o.Status, &o.Total, &o.Currency, &o.Payment, &o.Refund); err != nil {
+		return false, o, fmt.Errorf("look up payment inbox and order: %w", err)
+	}
+	return recorded, o, nil
+}
+
+// awaited checks that order awaits the intent env asks for (check: its
+// AwaitsCharge or AwaitsRefund), before the provider is asked for anything:
+// an intent no command of ours wrote (published straight to the stream: a
+// second attempt of a paid order, another tenant's order, a refund of an
+// order never cancelled or of another order's charge) would otherwise move
+// money at the provider that no order of ours shows (G8). It is
+// dead-lettered instead, with nothing sent.
+func awaited(env domain.Envelope, order domain.Order, check func() error) error {
+	if order.Status == "" {
+		return fmt.Errorf("%w: %s %s is for order %s, which tenant %q does not have: nothing sent to the provider",
+			domain.ErrMalformedEvent, env.Type, env.ID, env.AggregateID, env.TenantID)
+	}
+	if err := check(); err != nil {
+		return fmt.Errorf("%w: %s %s: %w: nothing sent to the provider", domain.ErrMalformedEvent, env.Type, env.ID, err)
+	}
+	return nil
+}
 
 // recorded reports whether consumer recorded the outcome of event id.
 func (w *Worker) recorded(ctx context.Context, consumer string, id uuid.UUID) (bool, error) {
@@ -169,8 +210,11 @@ func (w *Worker) afterProviderCall(ctx context.Context, consumer string, id uuid
 	return w.cfg.AfterProviderCall(ctx, consumer, id)
 }
 
-func (w *Worker) charge(ctx context.Context, env domain.Envelope, redelivered bool) result {
+func (w *Worker) charge(ctx context.Context, env domain.Envelope, order domain.Order, redelivered bool) result {
 	req, err := chargeIntent(env)
+	if err == nil {
+		err = awaited(env, order, func() error { return order.AwaitsCharge(req) })
+	}
 	if err != nil {
 		return result{verdict: dead, err: err}
 	}
@@ -266,8 +310,11 @@ func (w *Worker) recordCharge(ctx context.Context, env domain.Envelope, req doma
 	return wrote, nil
 }
 
-func (w *Worker) refund(ctx context.Context, env domain.Envelope, redelivered bool) result {
+func (w *Worker) refund(ctx context.Context, env domain.Envelope, order domain.Order, redelivered bool) result {
 	req, err := refundIntent(env)
+	if err == nil {
+		err = awaited(env, order, func() error { return order.AwaitsRefund(req) })
+	}
 	if err != nil {
 		return result{verdict: dead, err: err}
 	}

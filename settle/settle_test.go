@@ -534,11 +534,12 @@ func (searchLags) FindCharge(context.Context, string) (payment.Charge, bool, err
 	return payment.Charge{}, false, nil
 }
 
-// The dead letter of an intent no order can record (here a forged one,
-// naming an order of another tenant) is discarded with nothing recorded,
-// and the discard names the charge the provider holds, for the operator
-// to refund by hand; before, neither retry nor discard could close it.
-func TestADiscardOfAnIntentNoOrderRecordsNamesTheProvidersCharge(t *testing.T) {
+// An intent no command of ours wrote (here a copy of an order's
+// payment.requested re-stamped with another tenant) is dead-lettered
+// without asking the provider for anything (it used to be charged, then
+// found unrecordable), and its dead letter is discarded with nothing
+// recorded.
+func TestAForgedIntentIsDeadLetteredWithNothingCharged(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, fakepsp.Faults{})
 	w, _ := r.start(t, settle.Config{ProviderSearchLag: -1})
@@ -562,12 +563,88 @@ func TestADiscardOfAnIntentNoOrderRecordsNamesTheProvidersCharge(t *testing.T) {
 		t.Fatal(err)
 	}
 	dl := r.waitDeadLetters(t, 15*time.Second, "a dead letter")[0]
+	if !strings.Contains(dl.Error, "nothing sent to the provider") {
+		t.Fatalf("dead letter %q, want it to say nothing was sent to the provider", dl.Error)
+	}
+	if l := fakepsptest.Ledger(t, r.psp); len(l.Charges) != 0 {
+		t.Fatalf("the provider holds %d charges, want none: %+v", len(l.Charges), l.Charges)
+	}
 	outcome, err := w.DiscardDeadLetter(context.Background(), dl.ID)
-	if err != nil || !strings.Contains(outcome, "nothing recorded") || !strings.Contains(outcome, "the provider holds charge pi_") {
-		t.Fatalf("discard: %q, %v; want nothing recorded and the provider's charge named", outcome, err)
+	if err != nil || !strings.Contains(outcome, "nothing recorded") || strings.Contains(outcome, "the provider holds") {
+		t.Fatalf("discard: %q, %v; want nothing recorded, and no charge at the provider", outcome, err)
 	}
 	if dls, err := settle.ListDeadLetters(context.Background(), r.db, false); err != nil || len(dls) != 0 {
 		t.Fatalf("open dead letters %+v (%v), want none", dls, err)
+	}
+}
+
+// Intents that no order awaits move no money at the provider (G8: its
+// ledger equals our orders), whoever published them: a second attempt of a
+// paid order, another tenant's order, a refund of an order never
+// cancelled, and a refund of a cancelled order naming another order's
+// charge. Each is dead-lettered with nothing sent; the real ones settle.
+func TestIntentsNoOrderAwaitsMoveNoMoney(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	r.start(t, settle.Config{})
+	ctx := context.Background()
+	paid := r.order(t)
+	r.pay(t, paid, domain.DefaultPaymentMethod)
+	r.publish(t, paid, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, paid, "paid", 15*time.Second)
+	var chargeID string
+	if err := r.db.QueryRow(ctx, `SELECT payment->>'charge_id' FROM orders WHERE id = $1`, paid).Scan(&chargeID); err != nil {
+		t.Fatal(err)
+	}
+	pending := r.order(t)   // never paid
+	cancelled := r.order(t) // cancelled unpaid: no refund pending
+	r.cancel(t, cancelled)
+	now := time.Now().UTC()
+	publish := func(typ, tenant string, order uuid.UUID, version int64, data any) {
+		t.Helper()
+		d, err := json.Marshal(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := domain.Envelope{ID: uuid.Must(uuid.NewV7()), Type: typ, SchemaVersion: domain.SchemaVersion, TenantID: tenant,
+			AggregateID: order, AggregateVersion: version, OccurredAt: now, Data: d}
+		body, err := json.Marshal(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.js.Publish(ctx, stream.Subject(typ), body, jetstream.WithMsgID(env.ID.String())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr := domain.Transition{CustomerID: "c-1", Currency: "EUR", Total: 2500, From: domain.StatusPending, Status: domain.StatusPaymentPending, At: now}
+	charge := func(tenant string, order uuid.UUID, attempt int) domain.PaymentRequested {
+		return domain.PaymentRequested{Transition: tr, Attempt: attempt, PaymentKey: domain.ChargeKey(tenant, order, attempt), Amount: 2500, PaymentMethod: domain.DefaultPaymentMethod}
+	}
+	refund := func(order uuid.UUID) domain.RefundRequested {
+		return domain.RefundRequested{CustomerID: "c-1", Attempt: 1, RefundKey: domain.RefundKey(r.tenant, order, 1), ChargeID: chargeID, Amount: 2500, Currency: "EUR", At: now}
+	}
+	publish(domain.TypePaymentRequested, r.tenant, paid, 4, charge(r.tenant, paid, 2))
+	publish(domain.TypePaymentRequested, "other", paid, 2, charge("other", paid, 1))
+	publish(domain.TypePaymentRequested, r.tenant, pending, 2, charge(r.tenant, pending, 1))
+	publish(domain.TypeRefundRequested, r.tenant, paid, 4, refund(paid))
+	publish(domain.TypeRefundRequested, r.tenant, cancelled, 3, refund(cancelled))
+	var dls []settle.DeadLetter
+	testenv.Eventually(t, 15*time.Second, "five dead letters", func() bool {
+		dls, _ = settle.ListDeadLetters(ctx, r.db, false)
+		return len(dls) == 5
+	})
+	for _, dl := range dls {
+		if !strings.Contains(dl.Error, "nothing sent to the provider") {
+			t.Errorf("dead letter %q, want it to say nothing was sent", dl.Error)
+		}
+	}
+	l := fakepsptest.Ledger(t, r.psp)
+	if len(l.Charges) != 1 || len(l.Refunds) != 0 {
+		t.Fatalf("the provider holds %d charges and %d refunds; the orders show 1 charge and no refund", len(l.Charges), len(l.Refunds))
+	}
+	r.assertOneCharge(t, paid)
+	if st, _, _ := r.get(t, pending); st != "pending" {
+		t.Fatalf("the unpaid order is %s", st)
 	}
 }
 

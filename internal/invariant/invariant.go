@@ -151,13 +151,14 @@ LIMIT 5`},
 	// Our own records of the provider's outcomes (the provider's ledger is
 	// compared by the fault suite): an order charged through the provider
 	// (payment attempt ≥ 1) is paid exactly when it has one succeeded
-	// charge row, for its total and currency, with the charge id it shows.
+	// charge row, for its total and currency, with the charge id it shows;
+	// an order that never asked for a charge (or a refund) has none.
 	{"every paid order has exactly one succeeded charge, and no other order has one", `
 SELECT format('order %s (%s, paid_at %s, charge %s): %s succeeded charge rows %s',
               o.id, o.status, o.paid_at, o.payment->>'charge_id', count(p.*), coalesce(string_agg(p.provider_id || ' ' || p.amount || ' ' || p.currency, ', '), ''))
 FROM orders o
 LEFT JOIN payments p ON p.tenant_id = o.tenant_id AND p.order_id = o.id AND p.kind = 'charge' AND p.status = 'succeeded'
-WHERE (o.payment->>'attempt')::int >= 1
+WHERE (o.payment->>'attempt')::int >= 1 OR p.order_id IS NOT NULL -- an order never charged with a charge row too
 GROUP BY o.tenant_id, o.id
 HAVING count(p.*) <> (CASE WHEN o.paid_at IS NOT NULL THEN 1 ELSE 0 END)
     OR (o.paid_at IS NOT NULL AND (min(p.provider_id) <> o.payment->>'charge_id'
@@ -168,7 +169,7 @@ LIMIT 5`},
 SELECT format('order %s (refund %s): %s succeeded refund rows', o.id, o.refund->>'status', count(p.*))
 FROM orders o
 LEFT JOIN payments p ON p.tenant_id = o.tenant_id AND p.order_id = o.id AND p.kind = 'refund' AND p.status = 'succeeded'
-WHERE (o.refund->>'attempt')::int >= 1
+WHERE (o.refund->>'attempt')::int >= 1 OR p.order_id IS NOT NULL -- an order never refunded with a refund row too
 GROUP BY o.tenant_id, o.id
 HAVING count(p.*) <> (CASE WHEN o.refund->>'status' = 'succeeded' THEN 1 ELSE 0 END)
     OR (o.refund->>'status' = 'succeeded' AND (min(p.provider_id) <> o.refund->>'id' OR min(p.amount) <> o.total))

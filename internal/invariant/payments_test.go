@@ -100,7 +100,7 @@ func TestPaymentInvariants(t *testing.T) {
 			return err
 		})
 	}
-	newOrder()                  // pending
+	pending := newOrder()       // pending
 	pay(newOrder())             // payment_pending
 	charge(newOrder(), false)   // payment_failed
 	paid := newOrder()          // paid
@@ -137,5 +137,16 @@ func TestPaymentInvariants(t *testing.T) {
 	}
 	if v := readModelViolations(t, db); len(v) != 1 || !strings.Contains(v[0], paid.ID.String()) {
 		t.Fatalf("a paid order without its charge row: violations %v, want one naming it", v)
+	}
+	// A succeeded charge and refund recorded for an order that never asked
+	// for either (what an intent no order awaited once left).
+	for _, kind := range []string{"charge", "refund"} {
+		if _, err := db.Exec(ctx, `INSERT INTO payments (tenant_id, order_id, kind, attempt, idempotency_key, provider_id, amount, currency, status)
+SELECT tenant_id, id, $2, 1, 'stray-' || $2, 'x_stray', 700, 'EUR', 'succeeded' FROM orders WHERE id = $1`, pending.ID, kind); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := readModelViolations(t, db); len(v) != 3 || strings.Count(strings.Join(v, "\n"), pending.ID.String()) != 2 {
+		t.Fatalf("besides the paid order's, a pending order with a succeeded charge and refund: violations %v, want two more naming it", v)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -416,6 +417,41 @@ func TestTricklingBodyIsCutOff(t *testing.T) {
 	testenv.Eventually(t, time.Second, "the tenant slot is free", func() bool { return a.tenants.Stats().InFlight == 0 })
 	if st, typ, _ := a.get(t, "/v1/orders", bearer(tok)); st != 200 {
 		t.Fatalf("next request of the tenant: %d %s", st, typ)
+	}
+}
+
+// A body sent where nothing reads one (outside /v1) does not hold its
+// connection while it trickles in: the answer closes the connection at
+// once, instead of net/http discarding the body up to the body timeout
+// first (a connection the connection limit cannot close for a new one).
+func TestABodyNobodyReadsDoesNotHoldItsConnection(t *testing.T) {
+	t.Parallel()
+	a := newLimitedAPI(t, httpapi.TenantLimitConfig{}, 0, 5*time.Second)
+	for _, path := range []string{"/healthz", "/no-such-path"} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(a.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", path) // 1 of 100 bytes, then silence
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(conn)
+		res, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: no response: %v", path, err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if !res.Close {
+			t.Fatalf("%s: %d without Connection: close", path, res.StatusCode)
+		}
+		if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+			t.Fatalf("%s: after the answer the connection gave %v, want it closed", path, err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("%s: the connection was closed after %s, want at once (the body timeout is 5 s)", path, d)
+		}
+		conn.Close()
 	}
 }
 

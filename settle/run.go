@@ -114,7 +114,7 @@ func (w *Worker) consume(ctx context.Context, name string) (err error) {
 
 	// The workers settle delivered intents and parked ones the re-drive
 	// leased (park.go), Concurrency at once in all.
-	slots, fails := newTenantSlots(w.cfg.tenantLimit()), newFailures(w.cfg.failureTTL())
+	slots, fails := newTenantSlots(w.cfg.tenantLimit(), w.cfg.sharedSlots()), newFailures(w.cfg.failureTTL())
 	jobs := make(chan parked)
 	var wg sync.WaitGroup
 	wg.Go(func() { w.redrive(ctx, name, slots, jobs) })

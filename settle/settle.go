@@ -245,6 +245,16 @@ func (c Config) tenantLimit() int {
 	return max(1, int(c.TenantShare*float64(c.Concurrency)))
 }
 
+// sharedSlots is how many of a consumer's Concurrency slots tenants may
+// hold in all before one that holds a slot gets no other: an eighth (4 of
+// the default 32) is kept for tenants that hold none. With each tenant
+// under its share alone, two tenants whose provider calls hang held all 32,
+// and another tenant's charge waited 8 to 66 s (an audit); the reserve
+// serves it at once.
+func (c Config) sharedSlots() int {
+	return c.Concurrency - c.Concurrency/8
+}
+
 // failureTTL is how long a message's failure count is kept unseen: longer
 // than it can be away between two deliveries to this process.
 func (c Config) failureTTL() time.Duration {

@@ -14,12 +14,18 @@ import (
 // re-drive.
 type tenantSlots struct {
 	limit int
+	// shared is how many slots tenants may hold in all before a tenant
+	// that holds one already gets no other: the rest are kept for tenants
+	// that hold none, so that two or three tenants whose provider calls
+	// hang, each under its limit, cannot hold every slot together.
+	shared int
 	// wake is signalled (without blocking) when a tenant with due parked
 	// intents gives a slot back, or parks one while it has a free slot.
 	wake chan struct{}
 
-	mu   sync.Mutex
-	held map[string]int
+	mu    sync.Mutex
+	held  map[string]int
+	total int // the sum of held
 	// parking holds the tenants with parked intents: those the last scan
 	// found, and those this process parked since it began.
 	parking map[string]parkState
@@ -31,19 +37,28 @@ type parkState struct {
 	due  bool      // it may have a parked intent due
 }
 
-func newTenantSlots(limit int) *tenantSlots {
-	return &tenantSlots{limit: limit, wake: make(chan struct{}, 1), held: map[string]int{}, parking: map[string]parkState{}}
+func newTenantSlots(limit, shared int) *tenantSlots {
+	return &tenantSlots{limit: limit, shared: shared, wake: make(chan struct{}, 1), held: map[string]int{}, parking: map[string]parkState{}}
+}
+
+// full reports whether tenant may take no other slot: it holds its limit,
+// or it holds one while the shared slots are all taken. Called with s.mu
+// held.
+func (s *tenantSlots) full(tenant string) bool {
+	h := s.held[tenant]
+	return h >= s.limit || (h > 0 && s.total >= s.shared)
 }
 
 // acquire takes a slot for tenant and reports true, or reports false
-// (taking nothing) if tenant holds its limit already.
+// (taking nothing) if tenant may take no other (full).
 func (s *tenantSlots) acquire(tenant string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held[tenant] >= s.limit {
+	if s.full(tenant) {
 		return false
 	}
 	s.held[tenant]++
+	s.total++
 	return true
 }
 
@@ -53,10 +68,11 @@ func (s *tenantSlots) acquire(tenant string) bool {
 func (s *tenantSlots) acquireDirect(tenant string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.parking[tenant]; ok || s.held[tenant] >= s.limit {
+	if _, ok := s.parking[tenant]; ok || s.full(tenant) {
 		return false
 	}
 	s.held[tenant]++
+	s.total++
 	return true
 }
 
@@ -64,6 +80,7 @@ func (s *tenantSlots) acquireDirect(tenant string) bool {
 // tenant has a parked intent due.
 func (s *tenantSlots) release(tenant string) {
 	s.mu.Lock()
+	s.total--
 	if s.held[tenant]--; s.held[tenant] <= 0 {
 		delete(s.held, tenant)
 	}
@@ -82,6 +99,7 @@ func (s *tenantSlots) giveBack(tenant string, k int) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.total -= k
 	if s.held[tenant] -= k; s.held[tenant] <= 0 {
 		delete(s.held, tenant)
 	}

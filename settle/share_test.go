@@ -1,6 +1,7 @@
 package settle
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -10,7 +11,7 @@ import (
 // seen it) stays due when that lease comes back short; one that did not
 // is not asked again until it parks or a scan finds one due.
 func TestDryKeepsATenantThatParkedSinceTheLeaseBegan(t *testing.T) {
-	s := newTenantSlots(2)
+	s := newTenantSlots(2, 8)
 	began := time.Now()
 	s.parked("a", began.Add(time.Millisecond))
 	s.dry("a", began)
@@ -31,7 +32,7 @@ func TestDryKeepsATenantThatParkedSinceTheLeaseBegan(t *testing.T) {
 // it began or the scan was truncated; a listed tenant takes its due from
 // the scan; a tenant at its limit is not due for a lease.
 func TestFoundKeepsWhatTheScanCouldNotHaveSeen(t *testing.T) {
-	s := newTenantSlots(1)
+	s := newTenantSlots(1, 8)
 	t0 := time.Now()
 	s.parked("gone", t0)
 	s.parked("late", t0)
@@ -70,4 +71,33 @@ func parkingTenants(s *tenantSlots) []string {
 		ts = append(ts, t)
 	}
 	return ts
+}
+
+// Tenants each under their share cannot hold every slot together: an
+// eighth is kept for tenants that hold none, so that two tenants whose
+// provider calls hang leave slots to a third.
+func TestTenantsUnderTheirShareLeaveSlotsToOthers(t *testing.T) {
+	cfg := Config{Concurrency: DefaultConcurrency, TenantShare: DefaultTenantShare}
+	s := newTenantSlots(cfg.tenantLimit(), cfg.sharedSlots())
+	held := 0
+	for _, tenant := range []string{"slow-a", "slow-b", "slow-c"} {
+		for s.acquireDirect(tenant) {
+			held++
+		}
+	}
+	if held >= cfg.Concurrency {
+		t.Fatalf("three tenants hold %d of the %d slots: none is left for another", held, cfg.Concurrency)
+	}
+	for i := held; i < cfg.Concurrency; i++ {
+		if !s.acquire(fmt.Sprintf("quiet-%d", i)) {
+			t.Fatalf("quiet tenant %d got no slot with %d of %d held", i, i, cfg.Concurrency)
+		}
+	}
+	s.release("slow-a")
+	if s.acquire("slow-b") || s.acquire("slow-a") {
+		t.Fatal("a tenant holding slots took the one slow-a gave back while the shared ones are all taken")
+	}
+	if !s.acquire("quiet-new") {
+		t.Fatal("a tenant holding none got no slot")
+	}
 }

@@ -202,10 +202,8 @@ type parked struct {
 	leasedAt time.Time // when its lease began, by this process's clock
 }
 
-// leaseFor is how long a lease of a parked intent lasts: twice AckWait, so
-// that an attempt (a look-up and a call, each with the adapter's retries)
-// ends well within it; it only delays a parked intent whose process died.
-func (w *Worker) leaseFor() time.Duration { return 2 * w.cfg.AckWait }
+// leaseFor is how long a lease of a parked intent lasts (Config.Lease).
+func (w *Worker) leaseFor() time.Duration { return w.cfg.Lease }
 
 // stale says the job p waited too long for a worker after its lease: half
 // its lease has gone, so it is dropped rather than started, and tried

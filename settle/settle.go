@@ -93,6 +93,13 @@ const (
 	// DefaultShutdownTimeout bounds how long Run waits, once its context
 	// ends, for the intents in hand to be charged, recorded and acked.
 	DefaultShutdownTimeout = 30 * time.Second
+	// DefaultLease is how long a lease of a parked intent lasts, at least:
+	// an attempt (a look-up and a call, each with the adapter's retries:
+	// up to about a minute) ends well within it; it only delays a parked
+	// intent whose process died. Nothing renews a lease, so it is not
+	// twice AckWait alone, as it was: at a 10 s ack wait a hung call
+	// outlived its 20 s lease, and the intent was leased and sent again.
+	DefaultLease = 2 * time.Minute
 	// DefaultProviderSearchLag is Config.ProviderSearchLag's default: Stripe's
 	// search shows a charge within a minute.
 	DefaultProviderSearchLag = time.Minute
@@ -122,6 +129,10 @@ type Config struct {
 	// ShutdownTimeout bounds the wait for intents in hand on stop
 	// (DefaultShutdownTimeout).
 	ShutdownTimeout time.Duration
+	// Lease is how long the re-drive holds a parked intent it took (a job
+	// not started within half of it is dropped, and tried again once it
+	// ends); default max(DefaultLease, 2 × AckWait).
+	Lease time.Duration
 	// TenantShare is the most of Concurrency (at least one slot) that one
 	// tenant's intents may hold at once, per consumer, in this process;
 	// in (0, 1], default DefaultTenantShare. An intent of a tenant at its
@@ -199,6 +210,9 @@ func (c *Config) setDefaults() error {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if c.Lease == 0 {
+		c.Lease = max(DefaultLease, 2*c.AckWait)
+	}
 	if c.StreamReplicas == 0 {
 		c.StreamReplicas = 1
 	}
@@ -225,6 +239,8 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("settle: Config.MinBackoff (%s) and MaxBackoff (%s) must satisfy 0 ≤ min ≤ max", c.MinBackoff, c.MaxBackoff)
 	case c.MaxAckPending < 1:
 		return fmt.Errorf("settle: Config.MaxAckPending must be at least 1, got %d", c.MaxAckPending)
+	case c.Lease < time.Second:
+		return fmt.Errorf("settle: Config.Lease must be at least 1s, got %s", c.Lease)
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("settle: Config.ShutdownTimeout must not be negative, got %s", c.ShutdownTimeout)
 	case c.StreamReplicas < 1 || c.StreamReplicas > 5:

@@ -1366,7 +1366,7 @@ func TestAParkedIntentTriedBeforeIsLookedUpByKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	var abandoned atomic.Int64
-	w, _ := r.start(t, settle.Config{Concurrency: 2, TenantShare: 0.5, AckWait: time.Second, DeferDelay: 20 * time.Millisecond,
+	w, _ := r.start(t, settle.Config{Concurrency: 2, TenantShare: 0.5, AckWait: time.Second, Lease: 2 * time.Second, DeferDelay: 20 * time.Millisecond,
 		AfterProviderCall: func(_ context.Context, _ string, id uuid.UUID) error {
 			if id == parkedEvent && abandoned.Add(1) == 1 {
 				return errors.New("test: gave up after the provider call")
@@ -1807,4 +1807,59 @@ func TestWorkerCreatesItsDeletedConsumerAgainAndChargesOnce(t *testing.T) {
 	}
 	r.assertOneCharge(t, first)
 	r.assertOneCharge(t, second)
+}
+
+// failThenHold fails the first charge of each key of tenant transiently
+// (so the intent is parked) and holds every later one until release.
+type failThenHold struct {
+	settle.Provider
+	tenant  string
+	release chan struct{}
+	mu      sync.Mutex
+	calls   map[string]int
+	held    atomic.Int64
+}
+
+func (f *failThenHold) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
+	if r.Metadata["tenant_id"] == f.tenant {
+		f.mu.Lock()
+		f.calls[r.IdempotencyKey]++
+		n := f.calls[r.IdempotencyKey]
+		f.mu.Unlock()
+		if n == 1 {
+			return payment.Charge{}, fmt.Errorf("%w: the provider is busy", payment.ErrTransient)
+		}
+		f.held.Add(1)
+		select {
+		case <-f.release:
+		case <-ctx.Done():
+			return payment.Charge{}, fmt.Errorf("%w: %v", payment.ErrTransient, ctx.Err())
+		}
+	}
+	return f.Provider.Charge(ctx, r)
+}
+
+// A parked intent's re-driven call that outlasts twice the ack wait is not
+// leased and sent again meanwhile: the lease is not tied to a short ack
+// wait (at 2 × 1 s, the intent went to the provider twice).
+func TestAParkedIntentsLongCallIsNotLeasedAgain(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	p := &failThenHold{Provider: r.provider, tenant: "slowco", release: make(chan struct{}), calls: map[string]int{}}
+	r.provider = p
+	r.start(t, settle.Config{Concurrency: 4, TenantShare: 0.5, AckWait: time.Second})
+	var once sync.Once
+	release := func() { once.Do(func() { close(p.release) }) }
+	t.Cleanup(release)
+	r.tenant = "slowco"
+	id := r.payMany(t, 1)[0]
+	testenv.Eventually(t, 15*time.Second, "the re-driven call held", func() bool { return p.held.Load() >= 1 })
+	time.Sleep(5 * time.Second) // two and a half of the old leases, each of which sent it again
+	held := p.held.Load()
+	release()
+	r.waitStatus(t, id, "paid", 20*time.Second)
+	r.assertOneCharge(t, id)
+	if held != 1 {
+		t.Fatalf("sent to the provider %d times while its first re-driven call was in flight, want 1", held)
+	}
 }

@@ -86,7 +86,7 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) consume(ctx context.Context, name string) (err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	msgs := make(chan jetstream.Msg, w.cfg.Concurrency)
+	msgs := make(chan handed, w.cfg.Concurrency)
 	consumed := make(chan error, 1)
 	go func() { consumed <- w.feed(ctx, cancel, name, msgs) }()
 	defer func() {
@@ -96,8 +96,9 @@ func (w *Worker) consume(ctx context.Context, name string) (err error) {
 		}
 		for {
 			select {
-			case m := <-msgs:
-				_ = m.Nak()
+			case h := <-msgs:
+				h.stop()
+				_ = h.msg.Nak()
 			default:
 				return
 			}
@@ -124,12 +125,9 @@ func (w *Worker) consume(ctx context.Context, name string) (err error) {
 				select {
 				case <-ctx.Done():
 					return
-				case m := <-msgs:
-					// A provider call with its retries may outlast the ack
-					// wait: the intent is not delivered again meanwhile.
-					stop := stream.KeepInProgress(w.cfg.AckWait, m)
-					w.process(work, name, slots, fails, m)
-					stop()
+				case h := <-msgs:
+					w.process(work, name, slots, fails, h.msg)
+					h.stop()
 				case p := <-jobs:
 					w.settleParked(work, name, p)
 					slots.release(p.Tenant)
@@ -141,15 +139,27 @@ func (w *Worker) consume(ctx context.Context, name string) (err error) {
 	return nil
 }
 
+// handed is a delivered intent on its way to a worker, kept in progress
+// (stop ends that) from when feed takes it until it is settled: waiting
+// for a free worker while every one is in a provider call, or in the call
+// itself with its retries, may outlast the ack wait, and the intent is not
+// delivered again meanwhile.
+type handed struct {
+	msg  jetstream.Msg
+	stop func()
+}
+
 // feed fills msgs from the consumer name until ctx ends (see Run). If it
 // cannot consume at all (an invalid option), it ends the run with cancel
 // and returns why.
-func (w *Worker) feed(ctx context.Context, cancel func(), name string, msgs chan<- jetstream.Msg) error {
+func (w *Worker) feed(ctx context.Context, cancel func(), name string, msgs chan<- handed) error {
 	open := func(ctx context.Context) (jetstream.Consumer, error) { return w.Consumer(ctx, name) }
 	err := stream.Consume(ctx, open, func(m jetstream.Msg) {
+		h := handed{msg: m, stop: stream.KeepInProgress(w.cfg.AckWait, m)}
 		select {
-		case msgs <- m:
+		case msgs <- h:
 		case <-ctx.Done():
+			h.stop()
 			_ = m.Nak()
 		}
 	}, w.logger.With("consumer", name), jetstream.PullMaxMessages(w.cfg.Concurrency))

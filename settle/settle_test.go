@@ -1863,3 +1863,50 @@ func TestAParkedIntentsLongCallIsNotLeasedAgain(t *testing.T) {
 		t.Fatalf("sent to the provider %d times while its first re-driven call was in flight, want 1", held)
 	}
 }
+
+// slowAll holds every charge until release.
+type slowAll struct {
+	settle.Provider
+	release chan struct{}
+	charges atomic.Int64
+}
+
+func (s *slowAll) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
+	s.charges.Add(1)
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return payment.Charge{}, fmt.Errorf("%w: %v", payment.ErrTransient, ctx.Err())
+	}
+	return s.Provider.Charge(ctx, r)
+}
+
+// Intents waiting for a free worker while every worker is in a long
+// provider call are kept in progress too: they are not delivered again
+// (copies deferred, parked, looked up) when the wait outlasts the ack wait.
+func TestIntentsWaitingForAWorkerAreNotDeliveredAgain(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	slow := &slowAll{Provider: r.provider, release: make(chan struct{})}
+	r.provider = slow
+	w, _ := r.start(t, settle.Config{Concurrency: 2, TenantShare: 0.5, AckWait: time.Second})
+	var once sync.Once
+	release := func() { once.Do(func() { close(slow.release) }) }
+	t.Cleanup(release)
+	ids := map[string]uuid.UUID{}
+	for i := range 4 {
+		r.tenant = fmt.Sprintf("t-%d", i)
+		ids[r.tenant] = r.payMany(t, 1)[0]
+	}
+	testenv.Eventually(t, 10*time.Second, "two calls held", func() bool { return slow.charges.Load() == 2 })
+	time.Sleep(3500 * time.Millisecond) // three and a half ack waits for the two waiting
+	release()
+	for tenant, id := range ids {
+		r.tenant = tenant
+		r.waitStatus(t, id, "paid", 20*time.Second)
+		r.assertOneCharge(t, id)
+	}
+	if s := w.Stats(); s.Duplicates != 0 || s.Deferred != 0 || slow.charges.Load() != 4 {
+		t.Fatalf("%d duplicates, %d deferred, %d provider calls: want none, none and 4 (one intent per tenant)", s.Duplicates, s.Deferred, slow.charges.Load())
+	}
+}

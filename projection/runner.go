@@ -22,6 +22,13 @@ import (
 	"github.com/acme/orders/stream"
 )
 
+// batchTimeout bounds a batch's work, at least (AckWait, if longer): a
+// batch held up by a lock (a rebuild's swap holds its projection's batches
+// for seconds, more as the log grows) finishes rather than failing at a
+// 10 s ack wait; it is kept in progress meanwhile, so it is not delivered
+// again.
+const batchTimeout = 30 * time.Second
+
 // Defaults of Config, taken for zero values.
 const (
 	DefaultBatchSize  = 250
@@ -385,8 +392,9 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 				if lingered {
 					r.lingers.Add(1)
 				}
-				// The batch in hand is finished even if shutdown has begun.
-				bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.AckWait)
+				// The batch in hand is finished even if shutdown has begun,
+				// within batchTimeout (it is kept in progress meanwhile).
+				bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(r.cfg.AckWait, batchTimeout))
 				r.Process(bctx, batch)
 				cancel()
 				lastEnd = time.Now()

@@ -868,7 +868,7 @@ WHERE aggregate_id = $1 AND event_type = 'payment.requested'`, id, amount); err 
 // slowFor is a provider whose charges of one tenant hang until release.
 type slowFor struct {
 	settle.Provider
-	tenant  string
+	tenant  string // "": every tenant
 	release chan struct{}
 	blocked atomic.Int64 // charges of tenant that were held
 	// failOnce, when set, fails the first charge of each key of tenant
@@ -878,7 +878,7 @@ type slowFor struct {
 }
 
 func (s *slowFor) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
-	if r.Metadata["tenant_id"] == s.tenant {
+	if s.tenant == "" || r.Metadata["tenant_id"] == s.tenant {
 		s.blocked.Add(1)
 		select {
 		case <-s.release:
@@ -1864,41 +1864,22 @@ func TestAParkedIntentsLongCallIsNotLeasedAgain(t *testing.T) {
 	}
 }
 
-// slowAll holds every charge until release.
-type slowAll struct {
-	settle.Provider
-	release chan struct{}
-	charges atomic.Int64
-}
-
-func (s *slowAll) Charge(ctx context.Context, r payment.ChargeRequest) (payment.Charge, error) {
-	s.charges.Add(1)
-	select {
-	case <-s.release:
-	case <-ctx.Done():
-		return payment.Charge{}, fmt.Errorf("%w: %v", payment.ErrTransient, ctx.Err())
-	}
-	return s.Provider.Charge(ctx, r)
-}
-
 // Intents waiting for a free worker while every worker is in a long
 // provider call are kept in progress too: they are not delivered again
 // (copies deferred, parked, looked up) when the wait outlasts the ack wait.
 func TestIntentsWaitingForAWorkerAreNotDeliveredAgain(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, fakepsp.Faults{})
-	slow := &slowAll{Provider: r.provider, release: make(chan struct{})}
+	slow := &slowFor{Provider: r.provider, release: make(chan struct{})} // every tenant's charges
 	r.provider = slow
 	w, _ := r.start(t, settle.Config{Concurrency: 2, TenantShare: 0.5, AckWait: time.Second})
-	var once sync.Once
-	release := func() { once.Do(func() { close(slow.release) }) }
-	t.Cleanup(release)
+	release := slow.releaseOnCleanup(t)
 	ids := map[string]uuid.UUID{}
 	for i := range 4 {
 		r.tenant = fmt.Sprintf("t-%d", i)
 		ids[r.tenant] = r.payMany(t, 1)[0]
 	}
-	testenv.Eventually(t, 10*time.Second, "two calls held", func() bool { return slow.charges.Load() == 2 })
+	testenv.Eventually(t, 10*time.Second, "two calls held", func() bool { return slow.blocked.Load() == 2 })
 	time.Sleep(3500 * time.Millisecond) // three and a half ack waits for the two waiting
 	release()
 	for tenant, id := range ids {
@@ -1906,7 +1887,7 @@ func TestIntentsWaitingForAWorkerAreNotDeliveredAgain(t *testing.T) {
 		r.waitStatus(t, id, "paid", 20*time.Second)
 		r.assertOneCharge(t, id)
 	}
-	if s := w.Stats(); s.Duplicates != 0 || s.Deferred != 0 || slow.charges.Load() != 4 {
-		t.Fatalf("%d duplicates, %d deferred, %d provider calls: want none, none and 4 (one intent per tenant)", s.Duplicates, s.Deferred, slow.charges.Load())
+	if s := w.Stats(); s.Duplicates != 0 || s.Deferred != 0 || slow.blocked.Load() != 4 {
+		t.Fatalf("%d duplicates, %d deferred, %d provider calls: want none, none and 4 (one intent per tenant)", s.Duplicates, s.Deferred, slow.blocked.Load())
 	}
 }

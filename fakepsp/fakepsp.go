@@ -289,8 +289,12 @@ func (s *Server) keyed(ep endpoint) http.HandlerFunc {
 				}
 			}
 			var err error
-			resp, executed, err = ep(ctx, tx, key, form)
-			if err != nil {
+			if key != "" && s.storeErrorNow() {
+				// Failed once it began (StoreErrorNext): nothing made,
+				// the 500 stored under the key.
+				s.count.injectedErrors.Add(1)
+				resp, executed = errorResponse(http.StatusInternalServerError, stripeError{Type: errTypeAPI, Message: "An unknown error occurred while processing your request."}), true
+			} else if resp, executed, err = ep(ctx, tx, key, form); err != nil {
 				return err
 			}
 			if !executed {

@@ -42,6 +42,12 @@ type Faults struct {
 	// failed, failure_reason "declined"), whatever the card, counted down
 	// as they are made (deterministic, for tests of a refund asked again).
 	FailNextRefunds int `json:"fail_next_refunds"`
+	// StoreErrorNext makes the next StoreErrorNext POSTs with a key fail
+	// once their endpoint began: 500 api_error, nothing charged or
+	// refunded, and the 500 stored under the key, so every retry with it
+	// is answered that 500 again (Idempotent-Replayed: true) until the key
+	// expires, as Stripe does. Counted down as they happen.
+	StoreErrorNext int `json:"store_error_next"`
 }
 
 // Validate reports the first field that is out of range.
@@ -57,6 +63,8 @@ func (f Faults) Validate() error {
 		return fmt.Errorf("lose_next must not be negative, got %d", f.LoseNext)
 	case f.FailNextRefunds < 0:
 		return fmt.Errorf("fail_next_refunds must not be negative, got %d", f.FailNextRefunds)
+	case f.StoreErrorNext < 0:
+		return fmt.Errorf("store_error_next must not be negative, got %d", f.StoreErrorNext)
 	case f.LoseMode != "" && f.LoseMode != LoseClose && f.LoseMode != LoseStall:
 		return fmt.Errorf("lose_mode must be %q or %q, got %q", LoseClose, LoseStall, f.LoseMode)
 	}
@@ -140,6 +148,18 @@ func (s *Server) failRefundNow() bool {
 	defer s.mu.Unlock()
 	if s.faults.FailNextRefunds > 0 {
 		s.faults.FailNextRefunds--
+		return true
+	}
+	return false
+}
+
+// storeErrorNow decides whether the keyed request executing now fails with
+// a stored 500 (StoreErrorNext).
+func (s *Server) storeErrorNow() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.faults.StoreErrorNext > 0 {
+		s.faults.StoreErrorNext--
 		return true
 	}
 	return false

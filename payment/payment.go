@@ -21,6 +21,13 @@ var ErrTransient = errors.New("payment provider: transient failure")
 // (idempotency_error), a rejected API key. Dead-letter the intent.
 var ErrPermanent = errors.New("payment provider: permanent failure")
 
+// ErrKeySpent wraps (with ErrTransient) a 5xx the provider replayed for
+// the key (Idempotent-Replayed: true): its first request failed once it
+// began, and Stripe stores that 500 and answers it to every retry with the
+// key until it expires (24 h), so retrying cannot settle the intent. The
+// caller looks up what the key made instead; see settle's spentCharge.
+var ErrKeySpent = errors.New("payment provider: the idempotency key replays a failure")
+
 // ChargeRequest asks for one charge, created and confirmed in one call.
 type ChargeRequest struct {
 	// IdempotencyKey is derived from the intent:

@@ -413,6 +413,8 @@ func classify(op string, err error) error {
 		return fmt.Errorf("%w: %s: %w", ErrTransient, op, err)
 	}
 	switch code := se.HTTPStatusCode; {
+	case code >= 500 && se.LastResponse != nil && se.LastResponse.Header.Get("Idempotent-Replayed") == "true":
+		return fmt.Errorf("%w: %w: %s: %d %s %s: %s", ErrTransient, ErrKeySpent, op, code, se.Type, se.Code, se.Msg)
 	case code == http.StatusConflict, code == http.StatusTooManyRequests, code >= 500:
 		return fmt.Errorf("%w: %s: %d %s %s: %s", ErrTransient, op, code, se.Type, se.Code, se.Msg)
 	default:

@@ -244,10 +244,14 @@ func (w *Worker) charge(ctx context.Context, env domain.Envelope, order domain.O
 	if !found {
 		cctx, span := tracing.StartChild(ctx, "charge", trace.WithSpanKind(trace.SpanKindClient))
 		start = time.Now() // the charge, not the look-up that found none
-		ch, err = w.provider.Charge(cctx, payment.ChargeRequest{
+		creq := payment.ChargeRequest{
 			IdempotencyKey: req.PaymentKey, Amount: req.Amount, Currency: req.Currency, PaymentMethod: req.PaymentMethod,
 			Metadata: map[string]string{"tenant_id": env.TenantID, "order_id": env.AggregateID.String(), "attempt": strconv.Itoa(req.Attempt)},
-		})
+		}
+		ch, err = w.provider.Charge(cctx, creq)
+		if errors.Is(err, payment.ErrKeySpent) {
+			ch, err = w.spentCharge(cctx, creq, err)
+		}
 		tracing.Fail(span, err)
 		span.End()
 		if err != nil {
@@ -337,7 +341,11 @@ func (w *Worker) refund(ctx context.Context, env domain.Envelope, order domain.O
 	if !found {
 		rctx, span := tracing.StartChild(ctx, "refund", trace.WithSpanKind(trace.SpanKindClient))
 		start = time.Now() // the refund, not the look-up that found none
-		rf, err = w.provider.Refund(rctx, payment.RefundRequest{IdempotencyKey: req.RefundKey, ChargeID: req.ChargeID, Amount: req.Amount, Currency: req.Currency})
+		rreq := payment.RefundRequest{IdempotencyKey: req.RefundKey, ChargeID: req.ChargeID, Amount: req.Amount, Currency: req.Currency}
+		rf, err = w.provider.Refund(rctx, rreq)
+		if errors.Is(err, payment.ErrKeySpent) {
+			rf, err = w.spentRefund(rctx, rreq, err)
+		}
 		tracing.Fail(span, err)
 		span.End()
 		if err != nil {

@@ -287,6 +287,7 @@ type Worker struct {
 	logger   *slog.Logger
 	cfg      Config
 	stats    counters
+	spent    spentKeys
 }
 
 // New returns a Worker that records in db (a *pgxpool.Pool), consumes from

@@ -1891,3 +1891,82 @@ func TestIntentsWaitingForAWorkerAreNotDeliveredAgain(t *testing.T) {
 		t.Fatalf("%d duplicates, %d deferred, %d provider calls: want none, none and 4 (one intent per tenant)", s.Duplicates, s.Deferred, slow.blocked.Load())
 	}
 }
+
+// A charge whose first request failed once it began gets that 500 back for
+// every retry with its key (Stripe stores it for 24 h). Once the key has
+// been known spent for the provider's search lag and the search shows no
+// charge, the payment is declined (provider_failed): the order is payable
+// again, with a new key, instead of payment_pending for a day.
+func TestAChargeKeyTheProviderSpentOnAFailureDeclinesThePayment(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{StoreErrorNext: 1})
+	lag := 2 * time.Second
+	w, _ := r.start(t, settle.Config{ProviderSearchLag: lag, MaxBackoff: time.Second})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	start := time.Now()
+	r.waitStatus(t, id, "payment_failed", 30*time.Second)
+	if waited := time.Since(start); waited < lag {
+		t.Fatalf("declined %s after the intent, before its key was known spent for the search lag (%s)", waited, lag)
+	}
+	var code string
+	if err := r.db.QueryRow(context.Background(), `SELECT payment->>'decline_code' FROM orders WHERE id = $1`, id).Scan(&code); err != nil {
+		t.Fatal(err)
+	}
+	if code != settle.ProviderFailed {
+		t.Fatalf("decline code %q, want %q", code, settle.ProviderFailed)
+	}
+	if st := r.psp.Stats(); st.Replays < 1 {
+		t.Fatalf("provider stats %+v: the stored 500 was never replayed", st)
+	}
+	if l := fakepsptest.Ledger(t, r.psp); len(l.Charges) != 0 {
+		t.Fatalf("charges at the provider after the failure: %+v, want none", l.Charges)
+	}
+
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	r.assertOneCharge(t, id)
+	if s := w.Stats(); s.ChargesDeclined != 1 || s.ChargesSucceeded != 1 {
+		t.Fatalf("stats %+v, want one decline and one success", s)
+	}
+}
+
+// A refund whose key the provider spent on a failure is recorded as failed
+// (its charge's refunds hold none), so it can be asked for again, and the
+// second attempt refunds once.
+func TestARefundKeyTheProviderSpentOnAFailureFailsTheRefund(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, fakepsp.Faults{})
+	r.start(t, settle.Config{MaxBackoff: time.Second})
+	id := r.order(t)
+	r.pay(t, id, domain.DefaultPaymentMethod)
+	r.publish(t, id, domain.TypePaymentRequested, 0)
+	r.waitStatus(t, id, "paid", 15*time.Second)
+	if err := r.psp.SetFaults(fakepsp.Faults{StoreErrorNext: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r.cancel(t, id)
+	r.publish(t, id, domain.TypeRefundRequested, 0)
+	r.waitRefund(t, id, "failed")
+	var reason string
+	if err := r.db.QueryRow(context.Background(), `SELECT refund->>'failure_reason' FROM orders WHERE id = $1`, id).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if reason != settle.ProviderFailed {
+		t.Fatalf("refund failure reason %q, want %q", reason, settle.ProviderFailed)
+	}
+	err := postgres.InTx(context.Background(), r.db, func(tx pgx.Tx) error {
+		_, err := command.NewRefundOrderHandler().Handle(context.Background(), tx, command.RefundOrder{TenantID: r.tenant, Key: uuid.NewString(), OrderID: id})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("refund again: %v", err)
+	}
+	r.publish(t, id, domain.TypeRefundRequested, 0)
+	r.waitRefund(t, id, "succeeded")
+	if l := fakepsptest.Ledger(t, r.psp); len(l.Refunds) != 1 || l.Refunds[0].Status != "succeeded" || l.Refunds[0].Amount != 2500 {
+		t.Fatalf("refunds at the provider: %+v, want one succeeded of 2500", l.Refunds)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/acme/orders/domain"
 	"github.com/acme/orders/postgres"
@@ -49,6 +50,11 @@ const (
 	DefaultRedriveInterval = time.Second
 	// DefaultCheckpointInterval is how often a runner writes its checkpoint.
 	DefaultCheckpointInterval = time.Second
+	// DefaultBufferBytes bounds the bytes of the events a runner holds,
+	// handed to its workers and in their batches; its consumer's pull
+	// buffer holds up to half as much again (or two of the largest
+	// messages NATS takes, if more).
+	DefaultBufferBytes = 16 << 20
 )
 
 // Config tunes a Runner. Zero values take the defaults; the README's
@@ -94,6 +100,12 @@ type Config struct {
 	RetryDelay time.Duration
 	// StreamReplicas is the stream's replication (3 on a cluster); default 1.
 	StreamReplicas int
+	// BufferBytes bounds the bytes of events held in the runner at once
+	// (DefaultBufferBytes); one event larger than it is still taken, alone.
+	// The counts (BatchSize, Workers) bound small events; this bounds large
+	// ones: 1,000 events of 800 KB, published straight to the stream, took
+	// a projector to 2.6 GB when only counts bounded them.
+	BufferBytes int64
 	// MaxAckPending is the consumer's in-flight window: the most messages
 	// delivered and not yet acked, across every process sharing it;
 	// default DefaultAckPendingBatches × BatchSize × Workers.
@@ -158,6 +170,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Workers <= 0 {
 		c.Workers = DefaultWorkers
+	}
+	if c.BufferBytes <= 0 {
+		c.BufferBytes = DefaultBufferBytes
 	}
 	if c.MaxDeliver <= 0 {
 		c.MaxDeliver = DefaultMaxDeliver
@@ -227,8 +242,10 @@ type Runner struct {
 	deferred   atomic.Int64               // delayed events parked past their tenant's share
 	lingers    atomic.Int64               // batches that lingered (BatchWait)
 	pipelined  atomic.Int64               // batches committed in two round trips (commitPipelined)
-	window     *delayedWindow             // a tenant's delayed events: failures' backoffs, gaps past gapCountsFrom
-	young      *delayedWindow             // a tenant's young gaps (before gapCountsFrom), up to youngGapLimit
+	held       atomic.Int64               // bytes of events held now (Config.BufferBytes)
+	heldPeak   atomic.Int64
+	window     *delayedWindow // a tenant's delayed events: failures' backoffs, gaps past gapCountsFrom
+	young      *delayedWindow // a tenant's young gaps (before gapCountsFrom), up to youngGapLimit
 	obs        Observers
 }
 
@@ -263,21 +280,25 @@ type Stats struct {
 	// Pipelined counts batches committed in two round trips, every event
 	// new and next in line; the others were applied the careful way.
 	Pipelined int64
+	// HeldBytesPeak is the most bytes of events held at once, handed to
+	// workers or in their batches (bounded by Config.BufferBytes).
+	HeldBytesPeak int64
 }
 
 // Stats returns the runner's counters.
 func (r *Runner) Stats() Stats {
 	return Stats{
-		Applied:      r.stats[Applied].Load(),
-		Duplicates:   r.stats[Duplicate].Load(),
-		Stale:        r.stats[Stale].Load(),
-		Gaps:         r.stats[Gap].Load(),
-		Malformed:    r.stats[Malformed].Load(),
-		Parked:       r.stats[Parked].Load(),
-		DeadLettered: r.stats[DeadLettered].Load(),
-		Deferred:     r.deferred.Load(),
-		Lingers:      r.lingers.Load(),
-		Pipelined:    r.pipelined.Load(),
+		Applied:       r.stats[Applied].Load(),
+		Duplicates:    r.stats[Duplicate].Load(),
+		Stale:         r.stats[Stale].Load(),
+		Gaps:          r.stats[Gap].Load(),
+		Malformed:     r.stats[Malformed].Load(),
+		Parked:        r.stats[Parked].Load(),
+		DeadLettered:  r.stats[DeadLettered].Load(),
+		Deferred:      r.deferred.Load(),
+		Lingers:       r.lingers.Load(),
+		Pipelined:     r.pipelined.Load(),
+		HeldBytesPeak: r.heldPeak.Load(),
 	}
 }
 
@@ -359,8 +380,9 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	msgs := make(chan jetstream.Msg, r.cfg.BatchSize*r.cfg.Workers)
+	budget := semaphore.NewWeighted(r.cfg.BufferBytes)
 	consumed := make(chan error, 1)
-	go func() { consumed <- r.consume(ctx, cancel, msgs) }()
+	go func() { consumed <- r.consume(ctx, cancel, msgs, budget) }()
 	defer func() {
 		cancel()
 		if cerr := <-consumed; cerr != nil {
@@ -397,6 +419,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 				bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(r.cfg.AckWait, batchTimeout))
 				r.Process(bctx, batch)
 				cancel()
+				r.release(budget, batch)
 				lastEnd = time.Now()
 			}
 		})
@@ -408,18 +431,61 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 // consume feeds msgs from the projection's consumer until ctx ends (see
 // Run). If it cannot consume at all (an invalid option), it ends the run
 // with cancel and returns why.
-func (r *Runner) consume(ctx context.Context, cancel func(), msgs chan<- jetstream.Msg) error {
+func (r *Runner) consume(ctx context.Context, cancel func(), msgs chan<- jetstream.Msg, budget *semaphore.Weighted) error {
 	err := stream.Consume(ctx, r.Consumer, func(m jetstream.Msg) {
+		n := r.size(m)
+		if budget.Acquire(ctx, n) != nil {
+			_ = m.Nak()
+			return
+		}
+		r.hold(n)
 		select {
 		case msgs <- m:
 		case <-ctx.Done():
+			r.hold(-n)
+			budget.Release(n)
 			_ = m.Nak()
 		}
-	}, r.logger, jetstream.PullMaxMessages(r.cfg.BatchSize*r.cfg.Workers))
+	}, r.logger, jetstream.PullMaxMessagesWithBytesLimit(r.cfg.BatchSize*r.cfg.Workers, r.pullBytes()))
 	if err != nil {
 		cancel()
 	}
 	return err
+}
+
+// size is what message m takes of Config.BufferBytes: its payload's
+// length, or all of it for one larger, which is then held alone.
+func (r *Runner) size(m jetstream.Msg) int64 {
+	return min(int64(len(m.Data())), r.cfg.BufferBytes)
+}
+
+// hold counts n bytes more (or fewer) held, and the peak.
+func (r *Runner) hold(n int64) {
+	now := r.held.Add(n)
+	for peak := r.heldPeak.Load(); now > peak && !r.heldPeak.CompareAndSwap(peak, now); peak = r.heldPeak.Load() {
+	}
+}
+
+// release gives the bytes of a processed batch back to budget.
+func (r *Runner) release(budget *semaphore.Weighted, batch []jetstream.Msg) {
+	var n int64
+	for _, m := range batch {
+		n += r.size(m)
+	}
+	r.hold(-n)
+	budget.Release(n)
+}
+
+// pullBytes bounds the consumer's pull buffer: half of BufferBytes, or two
+// of the largest messages the server takes if more (a limit under one
+// message would stall the consumer); 64 MiB, NATS's largest, while no
+// server has said its limit.
+func (r *Runner) pullBytes() int {
+	maxPayload := int64(64 << 20)
+	if nc := r.js.Conn(); nc != nil && nc.MaxPayload() > 0 {
+		maxPayload = nc.MaxPayload()
+	}
+	return int(max(r.cfg.BufferBytes/2, 2*maxPayload))
 }
 
 // collect blocks for one message, then takes whatever else is already

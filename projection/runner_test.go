@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -379,4 +380,31 @@ func testLogOutput() io.Writer {
 		return os.Stderr
 	}
 	return io.Discard
+}
+
+// Large events are bounded by bytes, not only by count: 40 events of
+// 100 KB, all buffered before the runner starts, are applied while it holds
+// at most BufferBytes of them at once (with only counts, it took in all 4 MB).
+func TestLargeEventsAreHeldWithinBufferBytes(t *testing.T) {
+	const budget, n, pad = 1 << 20, 40, 100 << 10
+	f := newFixture(t, Config{BufferBytes: budget})
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = uuid.Must(uuid.NewV7())
+		env := createdEvent(t, ids[i])
+		f.publish(t, struct {
+			domain.Envelope
+			Padding string `json:"padding"`
+		}{env, strings.Repeat("x", pad)}, env.ID.String())
+	}
+	f.run(t)
+	eventually(t, "every large event applied", func() bool { return f.runner.Stats().Applied == n })
+	for _, id := range ids {
+		if v, total := f.view(t, id); v != 1 || total != 2100 {
+			t.Fatalf("view of %s: version %d total %d, want 1 and 2100", id, v, total)
+		}
+	}
+	if peak := f.runner.Stats().HeldBytesPeak; peak > budget || peak < pad {
+		t.Fatalf("held at most %d bytes of events at once, want between one event (%d) and BufferBytes (%d)", peak, pad, budget)
+	}
 }

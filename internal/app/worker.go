@@ -82,6 +82,8 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	providerURL := env.String(fs, "provider-url", "PAYMENT_PROVIDER_URL", DefaultProviderURL, "base URL of the Stripe-compatible provider (https://api.stripe.com for Stripe)")
 	providerKey := env.String(fs, "provider-key", "PAYMENT_PROVIDER_KEY", DefaultProviderKey, "the provider's secret key")
 	providerTimeout := env.Duration(fs, "provider-timeout", "PAYMENT_PROVIDER_TIMEOUT", payment.DefaultTimeout, "bound of one provider HTTP attempt")
+	providerSearchLag := env.Duration(fs, "provider-search-lag", "PAYMENT_PROVIDER_SEARCH_LAG", settle.DefaultProviderSearchLag,
+		"how long the provider's search may lag its writes (Stripe's: a minute; 0 for fakepsp, whose search is immediate)")
 	pprofAddr := env.String(fs, "pprof-addr", "PPROF_ADDR", "", pprofUsage)
 	concurrency := env.Int(fs, "concurrency", "WORKER_CONCURRENCY", settle.DefaultConcurrency, "intents of each kind settled at once in this process")
 	ackWait := env.Duration(fs, "ack-wait", "WORKER_ACK_WAIT", settle.DefaultAckWait, "redeliver an intent after this long without an ack")
@@ -140,8 +142,15 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	if *tenantShare < 1 || *tenantShare > 100 {
 		return fmt.Errorf("-tenant-share-percent must be 1 to 100, got %d", *tenantShare)
 	}
+	if *providerSearchLag < 0 {
+		return fmt.Errorf("-provider-search-lag must not be negative, got %s", *providerSearchLag)
+	}
+	searchLag := *providerSearchLag
+	if searchLag == 0 {
+		searchLag = -1 // none (settle.Config's 0 is its default)
+	}
 	cfg := settle.Config{Concurrency: *concurrency, AckWait: *ackWait, MaxDeliver: *maxDeliver, StreamReplicas: *replicas,
-		TenantShare: float64(*tenantShare) / 100, AfterProviderCall: crashAfterProviderCalls(*crashAfter, killSelf)}
+		TenantShare: float64(*tenantShare) / 100, ProviderSearchLag: searchLag, AfterProviderCall: crashAfterProviderCalls(*crashAfter, killSelf)}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("-concurrency, -ack-wait, -max-deliver, -stream-replicas, -tenant-share-percent: %w", err)
 	}

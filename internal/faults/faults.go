@@ -62,6 +62,7 @@ var Kinds = []string{
 	"kill-payment-worker", // SIGKILL of a worker with provider calls in flight, then one that kills itself between a provider answer and its recording
 	"psp-lost-responses",  // fakepsp commits, then loses answers (closed or stalled) for a while
 	"psp-errors",          // fakepsp answers a share of calls 500 (nothing executed) for a while
+	"psp-stored-errors",   // fakepsp fails the next 1-3 keyed calls with a 500 stored under the key (as Stripe does)
 	"restart-psp",         // SIGKILL of fakepsp, then start on the same port and ledger
 }
 
@@ -281,6 +282,8 @@ func (s *stack) inject(ctx context.Context, kind string, rng *rand.Rand) error {
 		return s.pspFaultFor(ctx, fakepsp.Faults{LoseResponseRate: 0.2 + 0.3*rng.Float64(), LoseMode: mode}, 2*time.Second+2*briefly())
 	case "psp-errors":
 		return s.pspFaultFor(ctx, fakepsp.Faults{ErrorRate: 0.2 + 0.5*rng.Float64()}, 2*briefly())
+	case "psp-stored-errors":
+		return s.pspFaultFor(ctx, fakepsp.Faults{StoreErrorNext: 1 + rng.IntN(3)}, 2*briefly())
 	case "restart-psp":
 		p := s.procs["fakepsp"]
 		st, err := s.pspStats(ctx)

@@ -44,6 +44,9 @@ func TestLedgerViolations(t *testing.T) {
 		row("o2", "charge", "t:order:o2:charge:2", "pi_3", "succeeded", 700),
 		row("o3", "charge", "t:order:o3:charge:1", "pi_4", "succeeded", 900),
 		row("o3", "refund", "t:order:o3:refund:1", "re_1", "succeeded", 900),
+		// o4's payment declined with nothing made: the provider spent the
+		// key on a stored 500 (provider_failed), and holds no charge.
+		row("o4", "charge", "t:order:o4:charge:1", "", "declined", 100),
 	}
 	if v, second := ledgerViolations(good, orders, rows); len(v) != 0 || second != 0 {
 		t.Fatalf("a consistent ledger: violations %q, second charges %d", v, second)
@@ -75,6 +78,9 @@ func TestLedgerViolations(t *testing.T) {
 		{"a payments row the provider does not know", func(l *fakepsp.Ledger, rows *[]paymentRow) {
 			l.Charges = l.Charges[1:]
 		}, "payments row t:order:o1:charge:1 (charge pi_1) has no provider record", 0},
+		{"a succeeded row with no provider id the provider does not know", func(l *fakepsp.Ledger, rows *[]paymentRow) {
+			*rows = append(*rows, row("o4", "charge", "t:order:o4:charge:2", "", "succeeded", 100))
+		}, "payments row t:order:o4:charge:2 (charge ) has no provider record", 0},
 		{"our row and the provider disagree by a cent", func(l *fakepsp.Ledger, rows *[]paymentRow) {
 			(*rows)[2].Amount = 701
 		}, "payments row t:order:o2:charge:2: ours charge pi_3 succeeded 701 EUR, provider's pi_3 succeeded 700 eur", 0},

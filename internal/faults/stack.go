@@ -200,7 +200,7 @@ func (s *stack) up(ctx context.Context) error {
 		name := fmt.Sprintf("worker-%d", i)
 		s.procs[name] = &proc{name: name, bin: "worker", port: port, env: append(append([]string{}, commonEnv...),
 			"DATABASE_URL="+pgURL(s.pgPort), "NATS_URL="+natsURL(s.natsPort), s.pspURL("PAYMENT_PROVIDER_URL="),
-			"PAYMENT_PROVIDER_KEY=sk_test_local", fmt.Sprintf("WORKER_HTTP_ADDR=127.0.0.1:%d", port),
+			"PAYMENT_PROVIDER_KEY=sk_test_local", "PAYMENT_PROVIDER_SEARCH_LAG=0s", fmt.Sprintf("WORKER_HTTP_ADDR=127.0.0.1:%d", port),
 			fmt.Sprintf("WORKER_MAX_DELIVER=%d", workerMaxDeliver),
 			fmt.Sprintf("WORKER_TENANT_SHARE_PERCENT=%d", workerSharePercent[i-1]))}
 	}

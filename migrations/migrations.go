@@ -23,7 +23,12 @@ var files embed.FS
 // versionTable records the applied version.
 const versionTable = "schema_version"
 
-// Apply brings the database at conn up to the newest migration.
+// Apply brings the database at conn up to the newest migration. A database
+// already past it (migrated by a newer release) is left as it is, and
+// Apply returns nil: migrations only add what the release before does not
+// use, so a process of the release before must still start on it (a
+// replica rescheduled during a rolling deploy, or a rollback); tern alone
+// refuses ("current version 24 is outside the valid versions of 0 to 23").
 func Apply(ctx context.Context, conn *pgx.Conn) error {
 	m, err := migrate.NewMigrator(ctx, conn, versionTable)
 	if err != nil {
@@ -31,6 +36,13 @@ func Apply(ctx context.Context, conn *pgx.Conn) error {
 	}
 	if err := m.LoadMigrations(files); err != nil {
 		return fmt.Errorf("load migrations: %w", err)
+	}
+	current, err := m.GetCurrentVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("read the schema version: %w", err)
+	}
+	if int(current) > len(m.Migrations) {
+		return nil
 	}
 	if err := m.Migrate(ctx); err != nil {
 		return fmt.Errorf("migrate: %w", err)

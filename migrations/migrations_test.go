@@ -262,3 +262,76 @@ VALUES ('order_views', 't1', $1, 5, 5, 's', '\x7b7d', 'never applicable', 10, 'o
 	}
 	migrateTo(t, conn, 19)
 }
+
+// A database a newer release migrated (past this build's last migration)
+// is left alone: a process of the release before still starts on it.
+func TestApplyLeavesANewerSchemaAlone(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := migrations.Apply(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	var newer int32
+	if err := conn.QueryRow(ctx, `UPDATE schema_version SET version = version + 1 RETURNING version`).Scan(&newer); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Apply(ctx, conn); err != nil {
+		t.Fatalf("Apply on a schema at version %d, one past this build's: %v", newer, err)
+	}
+	var now int32
+	if err := conn.QueryRow(ctx, `SELECT version FROM schema_version`).Scan(&now); err != nil || now != newer {
+		t.Fatalf("schema version %d (%v) after Apply, want %d untouched", now, err, newer)
+	}
+}
+
+// Migration 024 keeps the keys of pays, updates and refunds stored before
+// order_requests existed (so a late retry of one is refused, not run
+// again), with the version from the stored ETag; it keeps nothing else.
+func TestKeysStoredBeforeOrderRequestsAreKept(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	migrateTo(t, conn, 23)
+	const order = "01900000-0000-7000-8000-000000000001"
+	key := func(scope, key string, status int, request, headers string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `
+INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, status_code, response_headers, response_body, expires_at)
+VALUES ('t1', $1, $2, '\x00', 1, $3::jsonb, $4, $5::jsonb, '{}', now() + interval '1 day')`, scope, key, request, status, headers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := `{"order_id":"` + order + `"}`
+	key("POST /v1/orders/{id}/pay", "pay-started", 202, req, `{"ETag":"\"2\""}`)
+	key("PATCH /v1/orders/{id}", "edited", 200, req, `{"ETag":"\"4\""}`)
+	key("POST /v1/orders/{id}/refund", "refund-asked", 202, req, `{"ETag":"\"7\""}`)
+	key("POST /v1/orders/{id}/pay", "pay-refused", 409, req, `{"Content-Type":"application/problem+json"}`)
+	key("POST /v1/orders/{id}/pay", "pay-under-way", 200, req, `{"ETag":"\"2\""}`)
+	key("POST /v1/orders", "create", 201, `{"customer_id":"c"}`, `{"ETag":"\"1\""}`)
+	key("POST /v1/orders/{id}/pay", "weak-etag", 202, req, `{"ETag":"W/\"2\""}`)
+	key("POST /v1/orders/{id}/pay", "no-order", 202, `{"order_id":"not-a-uuid"}`, `{"ETag":"\"2\""}`)
+	key("PATCH /v1/orders/{id}", "kept-already", 200, req, `{"ETag":"\"5\""}`)
+	if _, err := conn.Exec(ctx, `INSERT INTO order_requests (tenant_id, order_id, scope, idempotency_key, version) VALUES ('t1', $1, 'update', 'kept-already', 5)`, order); err != nil {
+		t.Fatal(err)
+	}
+
+	migrateTo(t, conn, 24)
+	rows, _ := conn.Query(ctx, `SELECT scope || ' ' || idempotency_key || ' ' || version FROM order_requests WHERE order_id = $1 ORDER BY idempotency_key`, order)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"update edited 4", "update kept-already 5", "pay pay-started 2", "refund refund-asked 7"}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("order_requests after 024: %q, want %q", got, want)
+	}
+}

@@ -76,9 +76,10 @@ type Config struct {
 	// it goes at once. Default DefaultBatchWait; negative: never linger.
 	BatchWait time.Duration
 	// AckWait is how long JetStream waits for an ack before it redelivers
-	// (after a worker died mid-batch); default DefaultAckWait. A batch that
-	// runs long sends InProgress every AckWait/3, so it is never redelivered
-	// while it is being worked on.
+	// (after a worker died mid-batch); default DefaultAckWait. Every event
+	// the runner holds, in a batch or waiting behind one, is sent InProgress
+	// every AckWait/3 (inHand), so it is never redelivered while the
+	// projector lives.
 	AckWait time.Duration
 	// MaxDeliver is how many deliveries an event gets before it is
 	// dead-lettered (a transient failure that outlasts the backoff, or a
@@ -244,6 +245,7 @@ type Runner struct {
 	pipelined  atomic.Int64               // batches committed in two round trips (commitPipelined)
 	held       atomic.Int64               // bytes of events held now (Config.BufferBytes)
 	heldPeak   atomic.Int64
+	inHand     inHand // the messages held, kept in progress
 	window     *delayedWindow // a tenant's delayed events: failures' backoffs, gaps past gapCountsFrom
 	young      *delayedWindow // a tenant's young gaps (before gapCountsFrom), up to youngGapLimit
 	obs        Observers
@@ -379,7 +381,11 @@ func (r *Runner) reportDeleted(ctx context.Context, firstSeq, ackFloor uint64) {
 func (r *Runner) Run(ctx context.Context) (err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	msgs := make(chan jetstream.Msg, r.cfg.BatchSize*r.cfg.Workers)
+	// Room for the whole window (MaxAckPending): the consume callback
+	// never waits for a worker, only for BufferBytes, so what JetStream
+	// delivered is here, kept in progress (inHand), and not in nats.go's
+	// buffer, where nothing could keep it in progress.
+	msgs := make(chan jetstream.Msg, max(r.cfg.BatchSize*r.cfg.Workers, r.cfg.MaxAckPending))
 	budget := semaphore.NewWeighted(r.cfg.BufferBytes)
 	consumed := make(chan error, 1)
 	go func() { consumed <- r.consume(ctx, cancel, msgs, budget) }()
@@ -391,6 +397,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 		for {
 			select {
 			case m := <-msgs:
+				r.inHand.remove(m)
 				_ = m.Nak()
 			default:
 				return
@@ -400,6 +407,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { r.redriveLoop(ctx) })
+	wg.Go(func() { r.inHand.keep(ctx, r.cfg.AckWait/3) })
 	workersDone, checkpointed := make(chan struct{}), make(chan struct{})
 	go func() { defer close(checkpointed); r.checkpointLoop(ctx, workersDone) }()
 	defer func() { close(workersDone); <-checkpointed }() // after wg.Wait: the last batches' checkpoint too
@@ -439,9 +447,11 @@ func (r *Runner) consume(ctx context.Context, cancel func(), msgs chan<- jetstre
 			return
 		}
 		r.hold(n)
+		r.inHand.add(m)
 		select {
 		case msgs <- m:
 		case <-ctx.Done():
+			r.inHand.remove(m)
 			r.hold(-n)
 			budget.Release(n)
 			_ = m.Nak()
@@ -466,12 +476,14 @@ func (r *Runner) hold(n int64) {
 	}
 }
 
-// release gives the bytes of a processed batch back to budget.
+// release gives the bytes of a processed batch back to budget, and stops
+// keeping its messages in progress.
 func (r *Runner) release(budget *semaphore.Weighted, batch []jetstream.Msg) {
 	var n int64
 	for _, m := range batch {
 		n += r.size(m)
 	}
+	r.inHand.remove(batch...)
 	r.hold(-n)
 	budget.Release(n)
 }

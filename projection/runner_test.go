@@ -408,3 +408,33 @@ func TestLargeEventsAreHeldWithinBufferBytes(t *testing.T) {
 		t.Fatalf("held at most %d bytes of events at once, want between one event (%d) and BufferBytes (%d)", peak, pad, budget)
 	}
 }
+
+// Events waiting behind a batch held up (here by a lock on the read model,
+// as a rebuild's swap takes one) for several ack waits are kept in
+// progress, not delivered again while the projector lives.
+func TestEventsWaitingBehindALongBatchAreNotDeliveredAgain(t *testing.T) {
+	const n = 60
+	f := newFixture(t, Config{AckWait: 2 * time.Second, BatchSize: 5, Workers: 1})
+	ctx := context.Background()
+	lock, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(ctx)
+	if _, err := lock.Exec(ctx, `LOCK TABLE order_views IN EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		env := createdEvent(t, uuid.Must(uuid.NewV7()))
+		f.publish(t, env, env.ID.String())
+	}
+	f.run(t)
+	time.Sleep(7 * time.Second) // three and a half ack waits, the first batch stuck on the lock
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "every event applied", func() bool { return f.runner.Stats().Applied == n })
+	if s := f.runner.Stats(); s.Duplicates != 0 || s.Stale != 0 {
+		t.Fatalf("stats %+v: events were delivered again while they waited behind the stuck batch", s)
+	}
+}

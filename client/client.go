@@ -220,7 +220,9 @@ func WithMinVersion(n int64) CallOption { return func(c *callConfig) { c.minVers
 // WithIfMatch makes PayOrder, ShipOrder, CancelOrder or RefundOrder run
 // only if the order is still at version (If-Match): another current
 // version is a precondition-failed *Problem (IsPreconditionFailed), and
-// nothing changes. UpdateOrder takes its version as an argument; reads
+// nothing changes; ShipOrder of an order shipped already, and CancelOrder of
+// one cancelled already, succeed whatever the version (the change asked
+// for has happened). UpdateOrder takes its version as an argument; reads
 // ignore it.
 func WithIfMatch(version int64) CallOption { return func(c *callConfig) { c.ifMatch = &version } }
 

@@ -245,7 +245,7 @@ type Runner struct {
 	pipelined  atomic.Int64               // batches committed in two round trips (commitPipelined)
 	held       atomic.Int64               // bytes of events held now (Config.BufferBytes)
 	heldPeak   atomic.Int64
-	inHand     inHand // the messages held, kept in progress
+	inHand     inHand         // the messages held, kept in progress
 	window     *delayedWindow // a tenant's delayed events: failures' backoffs, gaps past gapCountsFrom
 	young      *delayedWindow // a tenant's young gaps (before gapCountsFrom), up to youngGapLimit
 	obs        Observers

@@ -47,6 +47,23 @@ find_pgbin() {
 	fi
 }
 
+# check_tools PGBIN: what start needs besides the server binaries, checked
+# before anything is created: psql, and (as root) the postgres user to run
+# the server as.
+check_tools() {
+	[ -x "$1/psql" ] || command -v psql >/dev/null 2>&1 ||
+		die "psql is needed: it is beside pg_ctl in PostgreSQL's bin folder ($1), or install postgresql-client"
+	if is_root && ! id postgres >/dev/null 2>&1; then
+		die "running as root, and there is no postgres user to run the server as (PostgreSQL refuses to run as root): create one (useradd -r postgres) or run as a normal user"
+	fi
+}
+
+# psql_bin: the psql beside the server binaries, else the one on PATH.
+psql_bin() {
+	local pgbin
+	pgbin=$(find_pgbin 2>/dev/null) || true
+	if [ -n "$pgbin" ] && [ -x "$pgbin/psql" ]; then echo "$pgbin/psql"; else echo psql; fi
+}
 
 # data_dir DIR: the real data directory (symlink resolved), empty if none.
 data_dir() {
@@ -81,6 +98,7 @@ cmd_start() {
 
 	local pgbin data log serverlog
 	pgbin=$(find_pgbin)
+	check_tools "$pgbin"
 	data=$(data_dir "$dir")
 	log="$dir/postgres.log"
 
@@ -126,6 +144,12 @@ cmd_start() {
 	if ! out=$(as_server "$pgbin/pg_ctl" start -D "$data" -l "$serverlog" -w -t 60 -o "$opts" 2>&1); then
 		echo "$out" | tail -n 5 >&2
 		log_tail "$log"
+		local fatal
+		fatal=$(grep -m1 -E 'FATAL|PANIC' "$serverlog" 2>/dev/null || true)
+		case "$fatal" in
+		*incompatible*) die "PostgreSQL failed to start (DIR=$dir, port $port): ${fatal#*FATAL:  } (a data folder of another PostgreSQL version: scripts/pg.sh wipe $dir, or make clean, starts afresh); see $log" ;;
+		?*) die "PostgreSQL failed to start (DIR=$dir, port $port): ${fatal#*FATAL:  }; see $log" ;;
+		esac
 		die "PostgreSQL failed to start (DIR=$dir, port $port); is the port already in use? see $log"
 	fi
 	ensure_db "$port" "$log"
@@ -161,8 +185,8 @@ init_cluster() { # init_cluster PGBIN DIR
 
 ensure_db() { # ensure_db PORT LOG
 	local port="$1" log="$2" exists
-	local -a psql=(psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1)
-	command -v psql >/dev/null 2>&1 || die "psql not found on PATH (install postgresql-client)"
+	local -a psql=("$(psql_bin)" -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1)
+	command -v "${psql[0]}" >/dev/null 2>&1 || die "psql not found beside pg_ctl or on PATH (install postgresql-client)"
 	if ! exists=$("${psql[@]}" -tAc "SELECT 1 FROM pg_database WHERE datname = 'orders'" 2>&1); then
 		log_tail "$log"
 		die "cannot connect to PostgreSQL on 127.0.0.1:$port: $exists"
@@ -235,7 +259,10 @@ start) cmd_start "$@" ;;
 stop) cmd_stop "$@" ;;
 crash) cmd_stop "$1" immediate ;; # like a crash: no checkpoint; recovery at the next start
 status) cmd_status "$@" ;;
-check) find_pgbin >/dev/null ;;
+check)
+	pgbin=$(find_pgbin) || exit 1
+	check_tools "$pgbin"
+	;;
 wipe) cmd_wipe "$@" ;;
 url) cmd_url "$@" ;;
 -h | --help | help) usage ;;

@@ -81,12 +81,14 @@ stop_proc() { # stop_proc NAME PID
 	[ -n "$pid" ] || return 0
 	kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
 	kill -TERM "$pid" 2>/dev/null || true
-	for i in $(seq 1 150); do # up to 15 s for a graceful shutdown
+	# Up to 35 s for a graceful shutdown: a payment worker finishes the
+	# intents in hand for up to 30 s (settle.DefaultShutdownTimeout).
+	for i in $(seq 1 350); do
 		kill -0 "$pid" 2>/dev/null || break
 		sleep 0.1
 	done
 	if kill -0 "$pid" 2>/dev/null; then
-		say "$name (pid $pid) did not stop within 15s; killing it"
+		say "$name (pid $pid) did not stop within 35s; killing it"
 		kill -KILL "$pid" 2>/dev/null || true
 	fi
 	wait "$pid" 2>/dev/null || true

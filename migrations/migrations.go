@@ -45,6 +45,11 @@ func Apply(ctx context.Context, conn *pgx.Conn) error {
 		return nil
 	}
 	if err := m.Migrate(ctx); err != nil {
+		// A newer release may have migrated between the read above and
+		// tern's lock.
+		if current, verr := m.GetCurrentVersion(ctx); verr == nil && int(current) > len(m.Migrations) {
+			return nil
+		}
 		return fmt.Errorf("migrate: %w", err)
 	}
 	return nil

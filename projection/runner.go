@@ -440,7 +440,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 // Run). If it cannot consume at all (an invalid option), it ends the run
 // with cancel and returns why.
 func (r *Runner) consume(ctx context.Context, cancel func(), msgs chan<- jetstream.Msg, budget *semaphore.Weighted) error {
-	err := stream.Consume(ctx, r.Consumer, func(m jetstream.Msg) {
+	err := stream.ConsumeWith(ctx, r.Consumer, func(m jetstream.Msg) {
 		n := r.size(m)
 		if budget.Acquire(ctx, n) != nil {
 			_ = m.Nak()
@@ -456,7 +456,9 @@ func (r *Runner) consume(ctx context.Context, cancel func(), msgs chan<- jetstre
 			budget.Release(n)
 			_ = m.Nak()
 		}
-	}, r.logger, jetstream.PullMaxMessagesWithBytesLimit(r.cfg.BatchSize*r.cfg.Workers, r.pullBytes()))
+	}, r.logger, func() []jetstream.PullConsumeOpt {
+		return []jetstream.PullConsumeOpt{jetstream.PullMaxMessagesWithBytesLimit(r.cfg.BatchSize*r.cfg.Workers, r.pullBytes())}
+	})
 	if err != nil {
 		cancel()
 	}
@@ -490,8 +492,9 @@ func (r *Runner) release(budget *semaphore.Weighted, batch []jetstream.Msg) {
 
 // pullBytes bounds the consumer's pull buffer: half of BufferBytes, or two
 // of the largest messages the server takes if more (a limit under one
-// message would stall the consumer); 64 MiB, NATS's largest, while no
-// server has said its limit.
+// message would stall the consumer); 64 MiB, NATS's largest, if no server
+// has said its limit (it is read when a consume starts, after the
+// consumer was opened on a connected server).
 func (r *Runner) pullBytes() int {
 	maxPayload := int64(64 << 20)
 	if nc := r.js.Conn(); nc != nil && nc.MaxPayload() > 0 {

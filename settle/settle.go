@@ -103,6 +103,11 @@ const (
 	// DefaultProviderSearchLag is Config.ProviderSearchLag's default: Stripe's
 	// search shows a charge within a minute.
 	DefaultProviderSearchLag = time.Minute
+	// DefaultSpentKeyWait is Config.SpentKeyWait's default with a provider
+	// whose search lags: Stripe's search is within a minute "under normal
+	// operating conditions" but "can be up to an hour behind during
+	// outages", which is when it stores 500s.
+	DefaultSpentKeyWait = 2 * time.Hour
 )
 
 // Config configures a Worker. A zero field takes its default.
@@ -154,6 +159,13 @@ type Config struct {
 	// fakepsp's). DiscardDeadLetter refuses a charge's dead letter younger
 	// than that: its look-up could miss the charge.
 	ProviderSearchLag time.Duration
+	// SpentKeyWait is how long a charge key the provider spent on a stored
+	// 500 (payment.ErrKeySpent) must have been known spent before a search
+	// that finds no charge under it is trusted, and the payment declined
+	// (see spentCharge): DefaultSpentKeyWait, or none (-1) when
+	// ProviderSearchLag is none. A decline too early would let the
+	// customer pay again while the failed request's charge still shows up.
+	SpentKeyWait time.Duration
 	// AfterProviderCall, when set, runs after each provider call answered
 	// and before its outcome is recorded; a non-nil error abandons the
 	// intent there, neither recorded nor acked, as if the process had died
@@ -227,6 +239,12 @@ func (c *Config) setDefaults() error {
 		c.ProviderSearchLag = DefaultProviderSearchLag
 	case -1:
 		c.ProviderSearchLag = 0
+	}
+	switch {
+	case c.SpentKeyWait == -1:
+		c.SpentKeyWait = 0
+	case c.SpentKeyWait == 0 && c.ProviderSearchLag > 0:
+		c.SpentKeyWait = max(DefaultSpentKeyWait, c.ProviderSearchLag)
 	}
 	switch {
 	case c.Concurrency < 1 || c.Concurrency > 256:

@@ -1901,14 +1901,14 @@ func TestAChargeKeyTheProviderSpentOnAFailureDeclinesThePayment(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, fakepsp.Faults{StoreErrorNext: 1})
 	lag := 2 * time.Second
-	w, _ := r.start(t, settle.Config{ProviderSearchLag: lag, MaxBackoff: time.Second})
+	w, _ := r.start(t, settle.Config{SpentKeyWait: lag, MaxBackoff: time.Second})
 	id := r.order(t)
 	r.pay(t, id, domain.DefaultPaymentMethod)
 	r.publish(t, id, domain.TypePaymentRequested, 0)
 	start := time.Now()
 	r.waitStatus(t, id, "payment_failed", 30*time.Second)
 	if waited := time.Since(start); waited < lag {
-		t.Fatalf("declined %s after the intent, before its key was known spent for the search lag (%s)", waited, lag)
+		t.Fatalf("declined %s after the intent, before its key was known spent for SpentKeyWait (%s)", waited, lag)
 	}
 	var code string
 	if err := r.db.QueryRow(context.Background(), `SELECT payment->>'decline_code' FROM orders WHERE id = $1`, id).Scan(&code); err != nil {

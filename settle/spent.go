@@ -14,16 +14,22 @@ import (
 // own (payment.ErrKeySpent), when a look-up finds nothing the key made.
 const ProviderFailed = "provider_failed"
 
-// maxSpentKeys bounds the spent keys a worker remembers. Past it a key is
-// not remembered, so its intent waits (retried, parked) instead of being
-// settled: never settled early.
+// maxSpentKeys bounds the spent keys a worker remembers. Past it (after
+// the ones older than spentKeyTTL are dropped) a key is not remembered, so
+// its intent waits (retried, parked) instead of being settled: never
+// settled early.
 const maxSpentKeys = 100_000
+
+// spentKeyTTL is how long a spent key is remembered: the provider forgets
+// a key after 24 h, and a key settled by another process (or discarded) is
+// never forgotten here otherwise.
+const spentKeyTTL = 26 * time.Hour
 
 // spentKeys remembers when this process first met each spent key. The
 // provider's search may lag the failed request that spent a key (for up to
-// Config.ProviderSearchLag), and that request may have made a charge
-// despite its 500; a look-up is trusted to have found nothing only once the
-// key is known spent for that long. The first meeting is after the failed
+// Config.SpentKeyWait: an hour during Stripe's outages), and that request
+// may have made a charge despite its 500; a look-up is trusted to have
+// found nothing only once the key is known spent for that long. The first meeting is after the failed
 // request, so the wait is never too short; a restart, or another process,
 // only starts the wait again.
 type spentKeys struct {
@@ -42,7 +48,14 @@ func (s *spentKeys) since(key string, now time.Time) time.Duration {
 			s.first = make(map[string]time.Time)
 		}
 		if len(s.first) >= maxSpentKeys {
-			return 0
+			for k, t := range s.first {
+				if now.Sub(t) > spentKeyTTL {
+					delete(s.first, k)
+				}
+			}
+			if len(s.first) >= maxSpentKeys {
+				return 0
+			}
 		}
 		s.first[key] = now
 		return 0
@@ -59,13 +72,13 @@ func (s *spentKeys) forget(key string) {
 // spentCharge settles a charge whose key the provider spent on a failure
 // (spent, an error wrapping payment.ErrKeySpent): the charge the key made,
 // if the provider's search shows one, or else, once the key has been known
-// spent for the search's lag, a decline with code ProviderFailed, which
+// spent for Config.SpentKeyWait, a decline with code ProviderFailed, which
 // lets the customer pay again (a new attempt, a new key). Until then it
 // returns spent, and the intent is retried. Without this the order stayed
 // payment_pending, neither payable nor cancellable, until the provider
 // forgot the key (24 h).
 func (w *Worker) spentCharge(ctx context.Context, req payment.ChargeRequest, spent error) (payment.Charge, error) {
-	if w.spent.since(req.IdempotencyKey, time.Now()) < w.cfg.ProviderSearchLag {
+	if w.spent.since(req.IdempotencyKey, time.Now()) < w.cfg.SpentKeyWait {
 		return payment.Charge{}, spent
 	}
 	ch, found, err := w.provider.FindCharge(ctx, req.IdempotencyKey)

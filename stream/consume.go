@@ -54,6 +54,14 @@ const (
 // outage); otherwise it retries until ctx ends and returns nil.
 func Consume(ctx context.Context, open func(context.Context) (jetstream.Consumer, error), handler jetstream.MessageHandler,
 	logger *slog.Logger, opts ...jetstream.PullConsumeOpt) error {
+	return ConsumeWith(ctx, open, handler, logger, func() []jetstream.PullConsumeOpt { return opts })
+}
+
+// ConsumeWith is Consume with the pull options chosen at each start of the
+// consume, once open has succeeded (so NATS is connected): options that
+// depend on the server, such as a byte limit of at least its max payload.
+func ConsumeWith(ctx context.Context, open func(context.Context) (jetstream.Consumer, error), handler jetstream.MessageHandler,
+	logger *slog.Logger, opts func() []jetstream.PullConsumeOpt) error {
 	wait := reopenMin
 	for ctx.Err() == nil {
 		cons, err := open(ctx)
@@ -65,7 +73,7 @@ func Consume(ctx context.Context, open func(context.Context) (jetstream.Consumer
 			continue
 		}
 		started := time.Now()
-		ended, err := consumeOnce(ctx, cons, handler, logger, opts)
+		ended, err := consumeOnce(ctx, cons, handler, logger, opts())
 		if err != nil {
 			return err
 		}

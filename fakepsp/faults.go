@@ -143,23 +143,19 @@ func (s *Server) loseNow() (bool, string) {
 
 // failRefundNow decides whether the refund being made fails
 // (FailNextRefunds).
-func (s *Server) failRefundNow() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.faults.FailNextRefunds > 0 {
-		s.faults.FailNextRefunds--
-		return true
-	}
-	return false
-}
+func (s *Server) failRefundNow() bool { return s.countDown(&s.faults.FailNextRefunds) }
 
 // storeErrorNow decides whether the keyed request executing now fails with
 // a stored 500 (StoreErrorNext).
-func (s *Server) storeErrorNow() bool {
+func (s *Server) storeErrorNow() bool { return s.countDown(&s.faults.StoreErrorNext) }
+
+// countDown takes one from the fault counter n, if it is above 0, and says
+// whether it did.
+func (s *Server) countDown(n *int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.faults.StoreErrorNext > 0 {
-		s.faults.StoreErrorNext--
+	if *n > 0 {
+		*n--
 		return true
 	}
 	return false

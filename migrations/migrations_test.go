@@ -14,6 +14,18 @@ import (
 	"github.com/acme/orders/migrations"
 )
 
+// connect opens a connection to a database of the test's own, closed when
+// the test ends.
+func connect(t *testing.T) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 // migrateTo moves the database at conn to version v, up or down.
 func migrateTo(t *testing.T, conn *pgx.Conn, v int32) {
 	t.Helper()
@@ -35,11 +47,7 @@ func migrateTo(t *testing.T, conn *pgx.Conn, v int32) {
 // them back: an existing database keeps every item both ways.
 func TestOrderItemsMoveIntoTheOrderRowAndBack(t *testing.T) {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t)
 	migrateTo(t, conn, 11)
 	// Two tenants with the same order id, lines inserted out of order, and
 	// an order without items.
@@ -116,11 +124,7 @@ FROM order_items ORDER BY tenant_id, order_id, line_no`)
 // old name was taken again since, drops the renamed (older) row.
 func TestAKeyUsedOnTwoRoutesKeepsItsOldestRowAndBack(t *testing.T) {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t)
 	migrateTo(t, conn, 14)
 	if _, err := conn.Exec(ctx, `
 INSERT INTO idempotency_keys (tenant_id, scope, key, fingerprint, fingerprint_version, request, created_at, expires_at)
@@ -187,11 +191,7 @@ VALUES ('t1', 'POST /v1/orders/{id}/pay', 'k', '\x05', 1, '{}', now() + interval
 // keeping the rows; down restores both indexes.
 func TestTheKeyRowsPrimaryKeyBecomesTenantAndKeyAndBack(t *testing.T) {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t)
 	indexes := func() []string {
 		rows, _ := conn.Query(ctx, `SELECT indexdef FROM pg_indexes WHERE tablename = 'idempotency_keys' AND indexdef LIKE 'CREATE UNIQUE%' ORDER BY 1`)
 		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -230,11 +230,7 @@ VALUES ('t1', 'POST /v1/orders', 'k', '\x01', 1, '{}', now() + interval '1 hour'
 // and those on a clock.
 func TestRowsParkedBehindALaterOpenDeadLetterBecomeDue(t *testing.T) {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t)
 	migrateTo(t, conn, 19)
 	const a, b = "0193b1a8-7c2e-7000-8000-00000000000a", "0193b1a8-7c2e-7000-8000-00000000000b"
 	if _, err := conn.Exec(ctx, `
@@ -267,11 +263,7 @@ VALUES ('order_views', 't1', $1, 5, 5, 's', '\x7b7d', 'never applicable', 10, 'o
 // is left alone: a process of the release before still starts on it.
 func TestApplyLeavesANewerSchemaAlone(t *testing.T) {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t)
 	if err := migrations.Apply(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
@@ -293,11 +285,7 @@ func TestApplyLeavesANewerSchemaAlone(t *testing.T) {
 // again), with the version from the stored ETag; it keeps nothing else.
 func TestKeysStoredBeforeOrderRequestsAreKept(t *testing.T) {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t)
 	migrateTo(t, conn, 23)
 	const order = "01900000-0000-7000-8000-000000000001"
 	key := func(scope, key string, status int, request, headers string) {

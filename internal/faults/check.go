@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -37,6 +38,7 @@ func check(ctx context.Context, s *stack, ops []*op, within time.Duration) ([]st
 			return nil, 0, fmt.Errorf("count unsettled payments: %w", err)
 		}
 		if pending == 0 {
+			fmt.Fprintf(os.Stderr, "faults: every payment and refund settled %s into the drain check\n", time.Since(deadline.Add(-within)).Round(time.Millisecond))
 			break
 		}
 		if time.Now().After(deadline) {
@@ -52,6 +54,7 @@ func check(ctx context.Context, s *stack, ops []*op, within time.Duration) ([]st
 	if err != nil {
 		return nil, 0, err
 	}
+	fmt.Fprintf(os.Stderr, "faults: read models converged %s into the drain check\n", time.Since(deadline.Add(-within)).Round(time.Millisecond))
 	for _, v := range vs {
 		out = append(out, v.String())
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/acme/orders/fakepsp"
 	"github.com/acme/orders/internal/noisy"
+	"github.com/acme/orders/settle"
 	"github.com/acme/orders/stream"
 )
 
@@ -203,7 +204,12 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 			rep.Refused++
 		}
 	}
-	violations, second, err := check(ctx, s, ops, 120*time.Second)
+	// The bound covers the slowest designed recovery: a parked intent
+	// leased by a worker that was killed waits out its lease
+	// (settle.DefaultLease, 2 min) before another worker leases it, then
+	// a backoff. At 120 s, seed 960660 drained in 100 s, its kill-payment-
+	// worker 2 min before payments settled.
+	violations, second, err := check(ctx, s, ops, settle.DefaultLease+time.Minute)
 	if err != nil {
 		return rep, err
 	}

@@ -618,14 +618,13 @@ func decodeMessages(msgs []jetstream.Msg) []*event {
 // transient failure; dead letter and term when malformed, on a permanent
 // failure (see Permanent), or when its deliveries are used up. If the batch
 // transaction fails, its events are tried apart (commitApart), so one bad
-// event cannot hold up the others. A long batch tells JetStream it is still
-// in progress.
+// event cannot hold up the others. Run keeps msgs in progress meanwhile
+// (inHand, from delivery to the end of their batch); a caller of its own
+// that may outlast the ack wait does that itself.
 func (r *Runner) Process(ctx context.Context, msgs []jetstream.Msg) {
 	start := time.Now()
 	ctx, endSpan := traceBatch(ctx, r.proj.Name(), msgs)
 	defer endSpan()
-	stop := stream.KeepInProgress(r.cfg.AckWait, msgs...)
-	defer stop()
 	if o := r.obs.BatchEvents; o != nil {
 		o.Observe(float64(len(msgs)))
 	}

@@ -46,8 +46,9 @@ import (
 // intent leased again after any crash, abandon or lost update looks up the
 // charge (or refund) its key made first, as a redelivered one does, and so
 // does one parked for over an hour (another copy of its event may have
-// reached the provider). A lease lasts twice AckWait; one that outlives it is
-// harmless for G8 (a second copy looks the key up, the provider replays
+// reached the provider). A lease lasts Lease and is renewed every Lease/3
+// while this process has the intent in hand (lease.go); one that outlives
+// it anyway (renewals failing) is harmless for G8 (a second copy looks the key up, the provider replays
 // it, the inbox records it once), and each result is written only under
 // its own lease (the next_attempt_at the lease set, which every lease
 // moves forward). A crash between the park and the ack delivers the intent
@@ -198,23 +199,25 @@ type parked struct {
 	Lease time.Time
 	// Old says it was parked over an hour ago.
 	Old bool
-
-	leasedAt time.Time // when its lease began, by this process's clock
 }
 
 // leaseFor is how long a lease of a parked intent lasts (Config.Lease).
 func (w *Worker) leaseFor() time.Duration { return w.cfg.Lease }
 
-// stale says the job p waited too long for a worker after its lease: half
-// its lease has gone, so it is dropped rather than started, and tried
-// again (looked up first) once the lease is over.
-func (w *Worker) stale(p parked) bool { return time.Since(p.leasedAt) > w.leaseFor()/2 }
+// stale says the job p is not to be started: its lease was lost, or not
+// confirmed for half its length (the renewals failed while it waited for a
+// worker), so it may be over. It is dropped, and tried again (looked up
+// first) once the lease is over.
+func (w *Worker) stale(l *leases, p parked) bool {
+	h, ok := l.current(p.ID)
+	return !ok || time.Since(h.confirmed) > w.leaseFor()/2
+}
 
 // redrive leases due parked intents of consumer and sends them to jobs,
 // when a tenant with due parked intents gives a slot back or parks one it
 // has a slot for, and every DeferDelay, until ctx ends. Each job holds a
 // slot of its tenant, which the worker gives back.
-func (w *Worker) redrive(ctx context.Context, consumer string, slots *tenantSlots, jobs chan<- parked) {
+func (w *Worker) redrive(ctx context.Context, consumer string, slots *tenantSlots, l *leases, jobs chan<- parked) {
 	w.scanParked(ctx, consumer, slots) // intents parked by a process gone
 	// The scans go on while a lease round waits for workers.
 	done := make(chan struct{})
@@ -234,7 +237,7 @@ func (w *Worker) redrive(ctx context.Context, consumer string, slots *tenantSlot
 		}
 	}()
 	for {
-		w.leaseParked(ctx, consumer, slots, jobs)
+		w.leaseParked(ctx, consumer, slots, l, jobs)
 		select {
 		case <-ctx.Done():
 			return
@@ -271,7 +274,7 @@ func (w *Worker) scanParked(ctx context.Context, consumer string, slots *tenantS
 // free slots (in a random order, so that none is always first), and hands
 // them to jobs; a tenant that had fewer due than it was given slots for is
 // not asked again until it parks one or a scan finds one due.
-func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenantSlots, jobs chan<- parked) {
+func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenantSlots, l *leases, jobs chan<- parked) {
 	for n := w.cfg.Concurrency; n > 0 && ctx.Err() == nil; {
 		tenants := slots.dueTenants()
 		rand.Shuffle(len(tenants), func(i, j int) { tenants[i], tenants[j] = tenants[j], tenants[i] })
@@ -298,11 +301,7 @@ func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenant
 		}
 		began := time.Now()
 		rows, _ := w.db.Query(ctx, leaseParkedSQL, consumer, names, counts, w.leaseFor().Microseconds())
-		leased, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (parked, error) {
-			p, err := pgx.RowToStructByPos[parked](row)
-			p.leasedAt = began
-			return p, err
-		})
+		leased, err := pgx.CollectRows(rows, pgx.RowToStructByPos[parked])
 		if err != nil {
 			// Rows leased before the error are tried again after their
 			// lease.
@@ -316,6 +315,7 @@ func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenant
 		}
 		for _, p := range leased {
 			allotted[p.Tenant]--
+			l.hold(p, began)
 		}
 		for t, k := range allotted {
 			if k > 0 {
@@ -327,7 +327,7 @@ func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenant
 			select {
 			case jobs <- p:
 			case <-ctx.Done():
-				w.unlease(ctx, consumer, slots, leased[i:])
+				w.unlease(ctx, consumer, slots, l, leased[i:])
 				return
 			}
 		}
@@ -337,11 +337,16 @@ func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenant
 
 // unlease hands back leases never started (on shutdown), within
 // unleaseTimeout: a lease left to expire is harmless.
-func (w *Worker) unlease(ctx context.Context, consumer string, slots *tenantSlots, ps []parked) {
+func (w *Worker) unlease(ctx context.Context, consumer string, slots *tenantSlots, l *leases, ps []parked) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unleaseTimeout)
 	defer cancel()
 	for _, p := range ps {
-		if _, err := w.db.Exec(uctx, unleaseSQL, p.ID, p.Lease); err != nil {
+		lease, ok := l.take(p.ID)
+		if !ok {
+			slots.giveBack(p.Tenant, 1)
+			continue
+		}
+		if _, err := w.db.Exec(uctx, unleaseSQL, p.ID, lease); err != nil {
 			w.logger.WarnContext(ctx, "hand back a leased parked intent (its lease expires instead)", "consumer", consumer, "id", p.ID, "err", err)
 		}
 		slots.giveBack(p.Tenant, 1)
@@ -351,9 +356,10 @@ func (w *Worker) unlease(ctx context.Context, consumer string, slots *tenantSlot
 // settleParked settles the leased parked intent p and writes the result to
 // its row, under its lease. If an earlier attempt may have reached the
 // provider, the charge or refund its key made is looked up first.
-func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
-	if w.stale(p) {
-		w.logger.WarnContext(ctx, "parked intent waited half its lease for a worker; it is tried again after the lease", "consumer", consumer, "id", p.ID)
+func (w *Worker) settleParked(ctx context.Context, consumer string, l *leases, p parked) {
+	if w.stale(l, p) {
+		l.take(p.ID)
+		w.logger.WarnContext(ctx, "parked intent's lease lost or unconfirmed for half its length before a worker took it; it is tried again after the lease", "consumer", consumer, "id", p.ID)
 		return
 	}
 	w.stats.redriven.Add(1)
@@ -362,6 +368,9 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 	if r.providerDown {
 		failed = p.Failures // the provider's failures are not counted (exhausted)
 	}
+	// The result is written under the lease as last renewed; renewals stop
+	// here. (One lost meanwhile writes nothing: the newer lease decides.)
+	lease, held := l.take(p.ID)
 	var (
 		tag pgconn.CommandTag
 		err error
@@ -371,7 +380,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 		if r.timing != nil && w.cfg.Observe != nil {
 			w.cfg.Observe(consumer, *r.timing)
 		}
-		tag, err = w.db.Exec(ctx, parkedDoneSQL, p.ID, p.Lease)
+		tag, err = w.db.Exec(ctx, parkedDoneSQL, p.ID, lease)
 	case abandon: // its lease expires, and it is tried again (looked up first)
 		w.logger.WarnContext(ctx, "parked intent abandoned before recording; it is tried again after its lease", "consumer", consumer, "id", p.ID, "err", r.err)
 	case retry:
@@ -381,7 +390,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 			delay := w.backoff(uint64(max(failed, p.Attempts)))
 			w.logger.WarnContext(ctx, "parked intent failed; retrying with the same key", "consumer", consumer, "id", p.ID,
 				"failures", failed, "retry_in", delay, "err", r.err)
-			tag, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, p.Lease, delay.Microseconds(), failed, postgres.Text(r.err.Error()))
+			tag, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, lease, delay.Microseconds(), failed, postgres.Text(r.err.Error()))
 			break
 		}
 		r.err = fmt.Errorf("still failing after %d failed deliveries: %w", failed, r.err)
@@ -389,12 +398,13 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, p parked) {
 	case dead:
 		w.stats.deadLettered(consumer)
 		w.logger.ErrorContext(ctx, "parked intent dead-lettered", "consumer", consumer, "id", p.ID, "err", r.err)
-		tag, err = w.db.Exec(ctx, parkedOpenSQL, p.ID, p.Lease, failed, postgres.Text(r.err.Error()))
+		tag, err = w.db.Exec(ctx, parkedOpenSQL, p.ID, lease, failed, postgres.Text(r.err.Error()))
 	}
 	switch {
 	case err != nil:
 		w.logger.WarnContext(ctx, "record a parked intent's result (it is tried again after its lease, and found recorded)", "consumer", consumer, "id", p.ID, "err", err)
-	case r.verdict != abandon && tag.RowsAffected() == 0:
+	case r.verdict != abandon && (!held || tag.RowsAffected() == 0):
+		// (Lost, its token is the zero time, which no row has.)
 		w.logger.WarnContext(ctx, "a parked intent's lease ended before its result; the newer lease decides", "consumer", consumer, "id", p.ID, "verdict", r.verdict)
 	}
 }

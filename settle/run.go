@@ -117,8 +117,15 @@ func (w *Worker) consume(ctx context.Context, name string) (err error) {
 	// leased (park.go), Concurrency at once in all.
 	slots, fails := newTenantSlots(w.cfg.tenantLimit(), w.cfg.sharedSlots()), newFailures(w.cfg.failureTTL())
 	jobs := make(chan parked)
+	held := newLeases()
+	// The leases in hand are renewed until the last job is written, after
+	// ctx ends too (the workers finish on work).
+	renewing, stopRenewing := context.WithCancel(work)
+	renewed := make(chan struct{})
+	go func() { defer close(renewed); w.keepLeases(renewing, name, held) }()
+	defer func() { stopRenewing(); <-renewed }()
 	var wg sync.WaitGroup
-	wg.Go(func() { w.redrive(ctx, name, slots, jobs) })
+	wg.Go(func() { w.redrive(ctx, name, slots, held, jobs) })
 	for range w.cfg.Concurrency {
 		wg.Go(func() {
 			for {
@@ -129,7 +136,7 @@ func (w *Worker) consume(ctx context.Context, name string) (err error) {
 					w.process(work, name, slots, fails, h.msg)
 					h.stop()
 				case p := <-jobs:
-					w.settleParked(work, name, p)
+					w.settleParked(work, name, held, p)
 					slots.release(p.Tenant)
 				}
 			}

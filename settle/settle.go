@@ -93,13 +93,13 @@ const (
 	// DefaultShutdownTimeout bounds how long Run waits, once its context
 	// ends, for the intents in hand to be charged, recorded and acked.
 	DefaultShutdownTimeout = 30 * time.Second
-	// DefaultLease is how long a lease of a parked intent lasts, at least:
-	// an attempt (a look-up and a call, each with the adapter's retries:
-	// up to about a minute) ends well within it; it only delays a parked
-	// intent whose process died. Nothing renews a lease, so it is not
-	// twice AckWait alone, as it was: at a 10 s ack wait a hung call
-	// outlived its 20 s lease, and the intent was leased and sent again.
-	DefaultLease = 2 * time.Minute
+	// DefaultLease is how long a lease of a parked intent lasts unless it
+	// is renewed: the process holding it renews it every Lease/3 until the
+	// result is written (lease.go), however long the call takes, so it
+	// only bounds how long a parked intent whose process died waits for
+	// another (it was a fixed 2 min, unrenewed, before: the fault suite's
+	// drains waited out a killed worker's leases).
+	DefaultLease = 30 * time.Second
 	// DefaultProviderSearchLag is Config.ProviderSearchLag's default: Stripe's
 	// search shows a charge within a minute.
 	DefaultProviderSearchLag = time.Minute
@@ -134,9 +134,10 @@ type Config struct {
 	// ShutdownTimeout bounds the wait for intents in hand on stop
 	// (DefaultShutdownTimeout).
 	ShutdownTimeout time.Duration
-	// Lease is how long the re-drive holds a parked intent it took (a job
-	// not started within half of it is dropped, and tried again once it
-	// ends); default max(DefaultLease, 2 × AckWait).
+	// Lease is how long a lease of a parked intent the re-drive took lasts
+	// unless renewed (it is, every Lease/3, while this process has the
+	// intent in hand; a job whose lease was not confirmed for half of it
+	// is dropped, and tried again once it ends); default DefaultLease.
 	Lease time.Duration
 	// TenantShare is the most of Concurrency (at least one slot) that one
 	// tenant's intents may hold at once, per consumer, in this process;
@@ -223,7 +224,7 @@ func (c *Config) setDefaults() error {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if c.Lease == 0 {
-		c.Lease = max(DefaultLease, 2*c.AckWait)
+		c.Lease = DefaultLease
 	}
 	if c.StreamReplicas == 0 {
 		c.StreamReplicas = 1

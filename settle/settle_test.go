@@ -1839,22 +1839,23 @@ func (f *failThenHold) Charge(ctx context.Context, r payment.ChargeRequest) (pay
 	return f.Provider.Charge(ctx, r)
 }
 
-// A parked intent's re-driven call that outlasts twice the ack wait is not
-// leased and sent again meanwhile: the lease is not tied to a short ack
-// wait (at 2 × 1 s, the intent went to the provider twice).
+// A parked intent's re-driven call that outlasts its lease several times
+// over is not leased and sent again meanwhile: the worker renews the lease
+// while the call lasts (unrenewed, a lease of twice the ack wait sent the
+// intent to the provider twice, and so did a 2 s lease).
 func TestAParkedIntentsLongCallIsNotLeasedAgain(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, fakepsp.Faults{})
 	p := &failThenHold{Provider: r.provider, tenant: "slowco", release: make(chan struct{}), calls: map[string]int{}}
 	r.provider = p
-	r.start(t, settle.Config{Concurrency: 4, TenantShare: 0.5, AckWait: time.Second})
+	r.start(t, settle.Config{Concurrency: 4, TenantShare: 0.5, AckWait: time.Second, Lease: 2 * time.Second})
 	var once sync.Once
 	release := func() { once.Do(func() { close(p.release) }) }
 	t.Cleanup(release)
 	r.tenant = "slowco"
 	id := r.payMany(t, 1)[0]
 	testenv.Eventually(t, 15*time.Second, "the re-driven call held", func() bool { return p.held.Load() >= 1 })
-	time.Sleep(5 * time.Second) // two and a half of the old leases, each of which sent it again
+	time.Sleep(7 * time.Second) // three and a half leases, each of which sent it again unrenewed
 	held := p.held.Load()
 	release()
 	r.waitStatus(t, id, "paid", 20*time.Second)

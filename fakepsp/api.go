@@ -20,6 +20,7 @@ import (
 type testMethod struct {
 	code, declineCode, message string // a declined charge: Stripe's error code, decline code, message
 	refundFails                bool   // refunds of its charges fail
+	action                     bool   // the card asks the customer to authenticate (3D Secure)
 }
 
 // TestMethods lists the PaymentMethods the fake knows (Stripe's test
@@ -29,7 +30,10 @@ type testMethod struct {
 // (processing_error: the issuer failed, try again with a new attempt) are
 // declined with 402 card_error and a PaymentIntent in
 // requires_payment_method; pm_card_refundFail charges, but its refunds
-// fail. Any other pm_… is 400 resource_missing.
+// fail; pm_card_authenticationRequired (3D Secure) leaves the
+// PaymentIntent in requires_action, answered 200, until the customer
+// authenticates it (Server.CompleteAuthentication, which charges it) or it is
+// cancelled. Any other pm_… is 400 resource_missing.
 var testMethods = map[string]testMethod{
 	"pm_card_visa":                            {},
 	"pm_card_mastercard":                      {},
@@ -37,6 +41,7 @@ var testMethods = map[string]testMethod{
 	"pm_card_chargeDeclinedInsufficientFunds": {code: "card_declined", declineCode: "insufficient_funds", message: "Your card has insufficient funds."},
 	"pm_card_chargeDeclinedProcessingError":   {code: "processing_error", message: "An error occurred while processing your card. Try again in a little bit."},
 	"pm_card_refundFail":                      {refundFails: true},
+	"pm_card_authenticationRequired":          {action: true},
 }
 
 // MaxAmount is the largest amount of one charge (Stripe's eight digits).
@@ -140,8 +145,11 @@ func (s *Server) createPaymentIntent(ctx context.Context, tx pgx.Tx, key string,
 		return invalidRequest(http.StatusBadRequest, "resource_missing", "payment_method", "No such PaymentMethod: '"+pm+"'"), false, nil
 	}
 	status := "succeeded"
-	if method.code != "" {
+	switch {
+	case method.code != "":
 		status = "requires_payment_method"
+	case method.action:
+		status = "requires_action"
 	}
 	metaJSON, err := json.Marshal(meta)
 	if err != nil {
@@ -161,6 +169,55 @@ func (s *Server) createPaymentIntent(ctx context.Context, tx pgx.Tx, key string,
 		return errorResponse(http.StatusPaymentRequired, e), true, nil
 	}
 	return jsonResponse(http.StatusOK, pi), true, nil
+}
+
+// cancelPaymentIntent cancels PaymentIntent id (Stripe's POST
+// /v1/payment_intents/{id}/cancel): one not charged (requires_payment_method,
+// requires_confirmation, requires_action) becomes canceled and can never
+// charge; any other is refused 400 payment_intent_unexpected_state, the
+// PaymentIntent as it stands inside, as Stripe does.
+func (s *Server) cancelPaymentIntent(id string) endpoint {
+	return func(ctx context.Context, tx pgx.Tx, _ string, form url.Values) (response, bool, error) {
+		if _, bad := parseCommon(form, "cancellation_reason"); bad != nil {
+			return *bad, false, nil
+		}
+		rows, err := tx.Query(ctx, `SELECT `+piColumns+` FROM payment_intents WHERE id = $1 FOR UPDATE`, id)
+		if err != nil {
+			return response{}, false, fmt.Errorf("lock payment intent %s: %w", id, err)
+		}
+		p, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByName[LedgerCharge])
+		if errors.Is(err, pgx.ErrNoRows) {
+			return invalidRequest(http.StatusNotFound, "resource_missing", "intent", "No such payment_intent: '"+id+"'"), false, nil
+		}
+		if err != nil {
+			return response{}, false, fmt.Errorf("lock payment intent %s: %w", id, err)
+		}
+		switch p.Status {
+		case "requires_payment_method", "requires_confirmation", "requires_action":
+		default:
+			e := stripeError{Type: errTypeInvalidRequest, Code: "payment_intent_unexpected_state",
+				Message:       "You cannot cancel this PaymentIntent because it has a status of " + p.Status + ". Only a PaymentIntent with one of the following statuses may be canceled: requires_payment_method, requires_capture, requires_confirmation, requires_action, processing.",
+				PaymentIntent: p.wire()}
+			return errorResponse(http.StatusBadRequest, e), true, nil
+		}
+		if _, err := tx.Exec(ctx, `UPDATE payment_intents SET status = 'canceled' WHERE id = $1`, id); err != nil {
+			return response{}, false, fmt.Errorf("cancel payment intent %s: %w", id, err)
+		}
+		p.Status = "canceled"
+		return jsonResponse(http.StatusOK, p.wire()), true, nil
+	}
+}
+
+// CompleteAuthentication is the customer completing the authentication a
+// PaymentIntent in requires_action asks for (3D Secure), as a browser
+// would: it charges it. It reports false if the PaymentIntent is in any
+// other state (cancelled, say): nothing is charged.
+func (s *Server) CompleteAuthentication(ctx context.Context, id string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE payment_intents SET status = 'succeeded' WHERE id = $1 AND status = 'requires_action'`, id)
+	if err != nil {
+		return false, fmt.Errorf("authenticate payment intent %s: %w", id, err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 const paymentIntentInsert = `
@@ -236,7 +293,9 @@ RETURNING created_at`
 
 // LedgerCharge is one PaymentIntent in the Ledger (a payment_intents row).
 // Status is "succeeded" or, for a declined one, "requires_payment_method"
-// (FailureCode and DeclineCode say why). Currency is lower case, as Stripe
+// (FailureCode and DeclineCode say why); one that asked the customer to
+// authenticate is "requires_action" until authenticated ("succeeded") or
+// cancelled ("canceled"). Currency is lower case, as Stripe
 // writes it.
 type LedgerCharge struct {
 	ID             string            `db:"id" json:"id"`

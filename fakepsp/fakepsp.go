@@ -131,12 +131,23 @@ func (s *Server) routes() http.Handler {
 		r.Post("/payment_intents", s.keyed(s.createPaymentIntent))
 		r.Get("/payment_intents/search", s.searchPaymentIntents)
 		r.Get("/payment_intents/{id}", s.retrievePaymentIntent)
+		r.Post("/payment_intents/{id}/cancel", func(w http.ResponseWriter, r *http.Request) {
+			s.keyed(s.cancelPaymentIntent(chi.URLParam(r, "id")))(w, r)
+		})
 		r.Post("/refunds", s.keyed(s.createRefund))
 		r.Get("/refunds", s.listRefunds)
 	})
 	r.Get("/_ledger", s.ledger)
 	r.Get("/_admin/faults", s.getFaults)
 	r.Post("/_admin/faults", s.postFaults)
+	r.Post("/_admin/payment_intents/{id}/authenticate", func(w http.ResponseWriter, r *http.Request) {
+		ok, err := s.CompleteAuthentication(r.Context(), chi.URLParam(r, "id"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]bool{"charged": ok})
+	})
 	r.Get("/_admin/stats", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.Stats()) })
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		if err := s.pool.Ping(r.Context()); err != nil {

@@ -184,7 +184,52 @@ func (s *Stripe) Charge(ctx context.Context, r ChargeRequest) (Charge, error) {
 		}
 		return Charge{}, classify("create payment intent", err)
 	}
-	return chargeOf(pi, nil)
+	return s.outcome(ctx, pi)
+}
+
+// outcome maps the PaymentIntent pi (as created, replayed or found) to a
+// Charge. One left waiting for the customer (requires_action: 3D Secure;
+// requires_confirmation) is no charge yet, but could become one if the
+// customer authenticated it later, after its decline let them pay again
+// with a new attempt: two charges. So it is cancelled first, and declined
+// only once cancelled. If it moved on meanwhile (authenticated, say), the
+// Charge is what it became.
+func (s *Stripe) outcome(ctx context.Context, pi *stripe.PaymentIntent) (Charge, error) {
+	if !waitsForCustomer(pi.Status) {
+		return chargeOf(pi, nil)
+	}
+	declined, err := chargeOf(pi, nil) // its decline code says what it waited for
+	if err != nil {
+		return Charge{}, err
+	}
+	live, err := s.client.V1PaymentIntents.Cancel(ctx, pi.ID, &stripe.PaymentIntentCancelParams{
+		CancellationReason: stripe.String(string(stripe.PaymentIntentCancellationReasonAbandoned)),
+	})
+	var se *stripe.Error
+	if errors.As(err, &se) && se.Code == stripe.ErrorCodePaymentIntentUnexpectedState {
+		// Not cancellable: cancelled before (an answer lost, a replayed
+		// create), or charged meanwhile. Its live state says which.
+		live, err = s.client.V1PaymentIntents.Retrieve(ctx, pi.ID, nil)
+		if err != nil {
+			return Charge{}, classify("retrieve payment intent "+pi.ID, err)
+		}
+	} else if err != nil {
+		return Charge{}, classify("cancel payment intent "+pi.ID, err)
+	}
+	switch {
+	case live.Status == stripe.PaymentIntentStatusCanceled:
+		return declined, nil
+	case waitsForCustomer(live.Status):
+		return Charge{}, fmt.Errorf("%w: payment intent %s is still %q after its cancel", ErrTransient, pi.ID, live.Status)
+	default:
+		return chargeOf(live, nil)
+	}
+}
+
+// waitsForCustomer says a PaymentIntent waits for the customer to act: it
+// has not charged, and could still.
+func waitsForCustomer(status stripe.PaymentIntentStatus) bool {
+	return status == stripe.PaymentIntentStatusRequiresAction || status == stripe.PaymentIntentStatusRequiresConfirmation
 }
 
 // CurrencyNotSupported is the decline code of a charge whose currency the
@@ -316,7 +361,7 @@ func (s *Stripe) FindCharge(ctx context.Context, idempotencyKey string) (Charge,
 		if err != nil {
 			return Charge{}, false, classify("search payment intents", err)
 		}
-		c, err := chargeOf(pi, nil)
+		c, err := s.outcome(ctx, pi)
 		if err != nil {
 			return Charge{}, false, err
 		}
@@ -365,7 +410,8 @@ func chargeOf(pi *stripe.PaymentIntent, declined *stripe.Error) (Charge, error) 
 		return Charge{}, fmt.Errorf("%w: payment intent %s is still processing", ErrTransient, pi.ID)
 	case stripe.PaymentIntentStatusRequiresPaymentMethod, stripe.PaymentIntentStatusCanceled,
 		stripe.PaymentIntentStatusRequiresAction, stripe.PaymentIntentStatusRequiresConfirmation:
-		// Not charged: a decline (the customer may pay again).
+		// Not charged: a decline (the customer may pay again). One waiting
+		// for the customer is cancelled before it is taken as one (outcome).
 	default:
 		if declined == nil {
 			// requires_capture (money held: we never ask for it), or a

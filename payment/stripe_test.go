@@ -6,9 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -587,4 +589,59 @@ func TestARefusedAmountIsADecline(t *testing.T) {
 	require.Equal(t, payment.ChargeDeclined, c.Status)
 	require.Equal(t, "amount_too_small", c.DeclineCode)
 	require.Equal(t, int64(30), c.Amount)
+}
+
+// A charge that waits for the customer to authenticate (3D Secure) is
+// cancelled before it is a decline, and the decline says what it waited
+// for. One the customer authenticated before the cancel came is a charge:
+// the cancel is refused (payment_intent_unexpected_state) and its live
+// state read. FindCharge alike.
+func TestAChargeWaitingForTheCustomerIsCancelledOrFoundCharged(t *testing.T) {
+	t.Parallel()
+	srv, hs := fakepsptest.Start(t, fakepsptest.DatabaseURL(t), fakepsp.Config{})
+	target, err := url.Parse(hs.URL)
+	require.NoError(t, err)
+	var authenticateFirst atomic.Bool
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id, ok := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, "/v1/payment_intents/"), "/cancel"); ok && authenticateFirst.Load() {
+			if charged, err := srv.CompleteAuthentication(r.Context(), id); err != nil || !charged {
+				t.Errorf("the customer's authentication of %s before its cancel: charged %v, err %v", id, charged, err)
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	defer front.Close()
+	s := adapter(t, front.URL, payment.Config{})
+
+	req := chargeReq("k-3ds")
+	req.PaymentMethod = "pm_card_authenticationRequired"
+	c, err := s.Charge(context.Background(), req)
+	require.NoError(t, err)
+	require.Equal(t, payment.ChargeDeclined, c.Status)
+	require.Equal(t, "requires_action", c.DeclineCode)
+	again, err := s.Charge(context.Background(), req) // the create replayed, the cancel refused: still a decline
+	require.NoError(t, err)
+	require.Equal(t, c, again)
+	found, ok, err := s.FindCharge(context.Background(), "k-3ds")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, payment.ChargeDeclined, found.Status)
+	charged, err := srv.CompleteAuthentication(context.Background(), c.ID)
+	require.NoError(t, err)
+	require.False(t, charged, "a declined payment intent could still be charged")
+
+	authenticateFirst.Store(true)
+	req = chargeReq("k-3ds-authenticated")
+	req.PaymentMethod = "pm_card_authenticationRequired"
+	c, err = s.Charge(context.Background(), req)
+	require.NoError(t, err)
+	require.Equal(t, payment.ChargeSucceeded, c.Status)
+	require.Equal(t, int64(1250), c.Amount)
+	l := fakepsptest.Ledger(t, srv)
+	statuses := map[string]string{}
+	for _, pi := range l.Charges {
+		statuses[pi.ID] = pi.Status
+	}
+	require.Equal(t, map[string]string{found.ID: "canceled", c.ID: "succeeded"}, statuses)
 }

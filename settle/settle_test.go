@@ -1971,3 +1971,48 @@ func TestARefundKeyTheProviderSpentOnAFailureFailsTheRefund(t *testing.T) {
 		t.Fatalf("refunds at the provider: %+v, want one succeeded of 2500", l.Refunds)
 	}
 }
+
+// G8 with a card that asks the customer to authenticate (3D Secure): the
+// worker cannot, so the payment is declined, but only once the
+// PaymentIntent is cancelled. Left in requires_action, the customer could
+// authenticate it after paying again with another card: two charges. Lost
+// answers (of the create and of the cancel) change nothing.
+func TestAPaymentWaitingForTheCustomerIsCancelledBeforeItIsDeclined(t *testing.T) {
+	t.Parallel()
+	for name, faults := range map[string]fakepsp.Faults{
+		"answered":     {},
+		"answers lost": {LoseNext: 3, LoseMode: fakepsp.LoseClose},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, faults)
+			r.start(t, settle.Config{MaxBackoff: time.Second})
+			id := r.order(t)
+			r.pay(t, id, "pm_card_authenticationRequired")
+			r.publish(t, id, domain.TypePaymentRequested, 0)
+			r.waitStatus(t, id, "payment_failed", 30*time.Second)
+
+			var intents []string
+			for _, c := range fakepsptest.Ledger(t, r.psp).Charges {
+				if c.Metadata["order_id"] == id.String() {
+					intents = append(intents, c.ID+" "+c.Status)
+					charged, err := r.psp.CompleteAuthentication(context.Background(), c.ID)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if charged {
+						t.Errorf("payment intent %s (%s) was charged when the customer authenticated it after its decline", c.ID, c.Status)
+					}
+				}
+			}
+			if len(intents) != 1 || !strings.HasSuffix(intents[0], " canceled") {
+				t.Fatalf("the order's payment intents at the provider: %v, want one, canceled", intents)
+			}
+
+			r.pay(t, id, domain.DefaultPaymentMethod)
+			r.publish(t, id, domain.TypePaymentRequested, 0)
+			r.waitStatus(t, id, "paid", 30*time.Second)
+			r.assertOneCharge(t, id)
+		})
+	}
+}

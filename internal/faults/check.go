@@ -188,11 +188,14 @@ type paymentRow struct {
 	Amount                                           int64
 }
 
-// providerStatus is the ledger's status of each of our payments statuses,
-// by kind.
-var providerStatus = map[string]map[string]string{
-	"charge": {"succeeded": "succeeded", "declined": "requires_payment_method"},
-	"refund": {"succeeded": "succeeded", "failed": "failed"},
+// providerStatus is the ledger's statuses of each of our payments
+// statuses, by kind: a declined charge is requires_payment_method (the
+// card declined it) or canceled (it waited for the customer to
+// authenticate, and the worker cancelled it); one left in requires_action
+// agrees with nothing of ours: the customer could still make it charge.
+var providerStatus = map[string]map[string][]string{
+	"charge": {"succeeded": {"succeeded"}, "declined": {"requires_payment_method", "canceled"}},
+	"refund": {"succeeded": {"succeeded"}, "failed": {"failed"}},
 }
 
 // ledgerViolations holds the provider's ledger against our orders and
@@ -247,7 +250,7 @@ func ledgerViolations(l fakepsp.Ledger, orders []orderRow, rows []paymentRow) (o
 		case !ok:
 			out = append(out, fmt.Sprintf("provider %s %s (key %s) has no payments row", e.kind, e.id, e.key))
 		case r.Kind != e.kind || r.OrderID != e.order || (r.ProviderID != e.id && r.ProviderID != e.charge) ||
-			providerStatus[r.Kind][r.Status] != e.status || r.Amount != e.amount || !strings.EqualFold(r.Currency, e.currency):
+			!slices.Contains(providerStatus[r.Kind][r.Status], e.status) || r.Amount != e.amount || !strings.EqualFold(r.Currency, e.currency):
 			out = append(out, fmt.Sprintf("payments row %s: ours %s %s %s %d %s, provider's %s %s %d %s",
 				r.Key, r.Kind, r.ProviderID, r.Status, r.Amount, r.Currency, e.id, e.status, e.amount, e.currency))
 		}

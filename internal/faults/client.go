@@ -94,7 +94,12 @@ type client struct {
 
 // declining is the test card the clients pay with now and then: the
 // provider declines it, and the client pays again with the default card.
-const declining = "pm_card_chargeDeclined"
+// authenticating asks the customer to authenticate (3D Secure), which the
+// worker cannot: the worker cancels the PaymentIntent and declines it.
+const (
+	declining      = "pm_card_chargeDeclined"
+	authenticating = "pm_card_authenticationRequired"
+)
 
 // clientOrder is what a client knows of an order it created.
 type clientOrder struct {
@@ -147,8 +152,11 @@ func (c *client) run(ctx context.Context, wg *sync.WaitGroup) {
 			}
 		case "pay":
 			target = c.orders[c.rng.IntN(len(c.orders))]
-			if c.rng.IntN(6) == 0 {
+			switch c.rng.IntN(12) {
+			case 0, 1:
 				o.Body = declining
+			case 2:
+				o.Body = authenticating
 			}
 			call = c.pay(target.id, o.Body)
 		}

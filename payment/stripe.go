@@ -361,6 +361,18 @@ func (s *Stripe) FindCharge(ctx context.Context, idempotencyKey string) (Charge,
 		if err != nil {
 			return Charge{}, false, classify("search payment intents", err)
 		}
+		switch key, ok := pi.Metadata[MetadataIdempotencyKey]; {
+		case pi.ID == "":
+			// No PaymentIntent at all: chargeOf says so.
+		case !ok:
+			// The search matched on it, so an answer without it is
+			// mangled: it may be ours, and only asking again tells.
+			return Charge{}, false, fmt.Errorf("%w: payment intent %s found by key has no key in its metadata", ErrTransient, pi.ID)
+		case key != idempotencyKey:
+			// Not made with this key, whatever the search matched on:
+			// taking it (or cancelling it) would settle another intent.
+			continue
+		}
 		c, err := s.outcome(ctx, pi)
 		if err != nil {
 			return Charge{}, false, err

@@ -645,3 +645,28 @@ func TestAChargeWaitingForTheCustomerIsCancelledOrFoundCharged(t *testing.T) {
 	}
 	require.Equal(t, map[string]string{found.ID: "canceled", c.ID: "succeeded"}, statuses)
 }
+
+// FindCharge takes only a PaymentIntent made with the key it looks for
+// (its metadata), whatever else the search matched: another intent's
+// charge taken for this one would mark its order paid by a charge of
+// another.
+func TestFindChargeTakesOnlyAnIntentOfItsKey(t *testing.T) {
+	t.Parallel()
+	const other = `{"id":"pi_other","object":"payment_intent","amount":1250,"currency":"eur","status":"succeeded","metadata":{"idempotency_key":"k-other"}}`
+	const mangled = `{"id":"pi_mangled","object":"payment_intent","amount":1250,"currency":"eur","status":"succeeded"}`
+	var answer atomic.Value
+	answer.Store(other)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"object":"search_result","data":[`+answer.Load().(string)+`],"has_more":false}`)
+	}))
+	defer hs.Close()
+	s := adapter(t, hs.URL, payment.Config{})
+	_, found, err := s.FindCharge(context.Background(), "k")
+	require.NoError(t, err)
+	require.False(t, found, "a PaymentIntent of another key was taken for this one")
+	// One without the key in its metadata may be ours: no outcome yet.
+	answer.Store(mangled)
+	_, _, err = s.FindCharge(context.Background(), "k")
+	require.ErrorIs(t, err, payment.ErrTransient)
+}

@@ -81,6 +81,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err := faults.Validate(); err != nil {
 		return err
 	}
+	if err := app.CheckLogFlags(*logFormat, *logLevel); err != nil {
+		return err
+	}
 	logger := app.NewLogger(stdout, *logFormat, *logLevel)
 
 	dbURL, err := fakepsp.EnsureDatabase(ctx, *serverURL, *dbName)

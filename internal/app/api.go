@@ -275,6 +275,9 @@ func runAPI(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
+	if err := CheckLogFlags(cfg.logFormat, cfg.logLevel); err != nil {
+		return err
+	}
 	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "api")
 	if sub == "token create" || sub == "token revoke" {
 		// The token goes to stdout alone; warnings (a database not

@@ -147,6 +147,22 @@ func startTracing(ctx context.Context, cfg tracing.Config, logger *slog.Logger) 
 	}, nil
 }
 
+// CheckLogFlags refuses a log format or level NewLogger does not know: a
+// mistyped LOG_LEVEL=degub silently logged at info before.
+func CheckLogFlags(format, level string) error {
+	switch strings.ToLower(format) {
+	case "", "json", "text":
+	default:
+		return fmt.Errorf("-log-format (LOG_FORMAT) must be json or text, got %q", format)
+	}
+	switch strings.ToLower(level) {
+	case "", "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("-log-level (LOG_LEVEL) must be debug, info, warn or error, got %q", level)
+	}
+	return nil
+}
+
 // NewLogger logs to w: as text when format is "text" (or empty and w is a
 // terminal), else as JSON; at debug level when level is "debug". A record
 // logged with the context of a recording span carries its trace_id and
@@ -170,7 +186,7 @@ func NewLogger(w io.Writer, format, level string) *slog.Logger {
 		}
 	}
 	// Records logged with a traced context carry trace_id and span_id.
-	if format == "text" {
+	if strings.EqualFold(format, "text") {
 		return slog.New(tracing.NewLogHandler(slog.NewTextHandler(w, opts)))
 	}
 	return slog.New(tracing.NewLogHandler(slog.NewJSONHandler(w, opts)))

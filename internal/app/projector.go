@@ -195,6 +195,9 @@ func runProjector(ctx context.Context, args []string, getenv func(string) string
 	if err := cfg.runner.Validate(); err != nil {
 		return err
 	}
+	if err := CheckLogFlags(cfg.logFormat, cfg.logLevel); err != nil {
+		return err
+	}
 	logger := NewLogger(stdout, cfg.logFormat, cfg.logLevel).With("process", "projector")
 	if sub != "" {
 		logger = NewLogger(io.Discard, "", "") // subcommands print their result only

@@ -114,6 +114,9 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	if *poolSize < 2 {
 		return fmt.Errorf("-db-pool-size must be at least 2, got %d", *poolSize)
 	}
+	if err := CheckLogFlags(*logFormat, *logLevel); err != nil {
+		return err
+	}
 	logger := NewLogger(stdout, *logFormat, *logLevel).With("process", "worker")
 	if sub != "" {
 		logger = NewLogger(io.Discard, "", "")

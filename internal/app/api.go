@@ -167,6 +167,11 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 		switch {
 		case c.keyTTL < time.Second:
 			return c, fmt.Errorf("-idempotency-ttl must be at least 1s, got %s", c.keyTTL)
+		case c.keyQuota < 1 || c.keyQuotaBytes < 1:
+			// 0 too: as a Config field it means the default, which a
+			// user who wrote 0 (no quota? no keys?) did not ask for.
+			return c, fmt.Errorf("-idempotency-key-quota (IDEMPOTENCY_KEY_QUOTA) and -idempotency-key-quota-bytes (IDEMPOTENCY_KEY_QUOTA_BYTES) must be at least 1, got %d and %d (the defaults are %d and %d)",
+				c.keyQuota, c.keyQuotaBytes, command.DefaultKeyQuota, command.DefaultKeyQuotaBytes)
 		case c.janitorEvery <= 0:
 			// No janitor: expired keys would count against their tenants'
 			// key quotas for good.

@@ -10,7 +10,7 @@ import (
 // A mistyped log level or format stops each process at start with a
 // message naming the variable, before it connects to anything: it was
 // silently taken as info (or JSON) before.
-func TestAnUnknownLogLevelOrFormatIsRefusedAtStart(t *testing.T) {
+func TestMistypedOrZeroSettingsAreRefusedAtStart(t *testing.T) {
 	t.Parallel()
 	runs := map[string]func(context.Context, []string, func(string) string, io.Writer) error{
 		"api": RunAPI, "projector": RunProjector, "worker": RunWorker,
@@ -26,6 +26,26 @@ func TestAnUnknownLogLevelOrFormatIsRefusedAtStart(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), want) {
 				t.Errorf("%s with %v: err %v, want one naming %s", name, env, err, want)
 			}
+		}
+	}
+	// A 0 where a Config's 0 means the default is refused as well: the user
+	// asked for something else.
+	for _, tt := range []struct {
+		run  func(context.Context, []string, func(string) string, io.Writer) error
+		name string
+		env  map[string]string
+	}{
+		{RunProjector, "projector", map[string]string{"INBOX_RETENTION": "0s"}},
+		{RunAPI, "api", map[string]string{"IDEMPOTENCY_KEY_QUOTA": "0"}},
+		{RunAPI, "api", map[string]string{"IDEMPOTENCY_KEY_QUOTA_BYTES": "0"}},
+	} {
+		var want string
+		for k := range tt.env {
+			want = k
+		}
+		err := tt.run(context.Background(), []string{tt.name}, func(k string) string { return tt.env[k] }, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s with %v: err %v, want one naming %s", tt.name, tt.env, err, want)
 		}
 	}
 	if err := CheckLogFlags("TEXT", "Debug"); err != nil {

@@ -183,6 +183,13 @@ func runProjector(ctx context.Context, args []string, getenv func(string) string
 		return fmt.Errorf("-max-ack-pending must be at least 0, got %d", *maxAckPending)
 	case *tenantShare < 1 || *tenantShare > 100:
 		return fmt.Errorf("-tenant-share-percent must be 1 to 100, got %d", *tenantShare)
+	case *inboxRetention < projection.MinInboxRetention:
+		// 0 too: as a Config field it means the default, which a user
+		// who wrote 0 (never prune? prune at once?) did not ask for.
+		return fmt.Errorf("-inbox-retention (INBOX_RETENTION) must be at least %s, got %s (the default is %s)",
+			projection.MinInboxRetention, *inboxRetention, projection.DefaultInboxRetention)
+	case *inboxPruneInterval <= 0:
+		return fmt.Errorf("-inbox-prune-interval (INBOX_PRUNE_INTERVAL) must be positive, got %s", *inboxPruneInterval)
 	}
 	cfg = projectorConfig{
 		databaseURL: *databaseURL, natsURL: *natsURL, httpAddr: *httpAddr,

@@ -8,16 +8,16 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// renewLeasesSQL moves forward, by $3 µs from now, the lease of each
-// parked intent $1[i] still under its lease $2[i] (its next_attempt_at),
-// and returns each renewed one's new lease. The rows are matched by id,
+// renewLeasesSQL moves forward, to $3 µs from now, the lease of each
+// parked intent $1[i] still under this process's lease (its attempts are
+// still $2[i]), and returns the ids renewed. The rows are matched by id,
 // never by position: RETURNING keeps no order.
 const renewLeasesSQL = `
 UPDATE dead_letters d
 SET next_attempt_at = now() + $3::bigint * interval '1 microsecond'
-FROM unnest($1::bigint[], $2::timestamptz[]) AS a(id, lease)
-WHERE d.id = a.id AND d.status = 'parked' AND d.next_attempt_at = a.lease
-RETURNING d.id, d.next_attempt_at`
+FROM unnest($1::bigint[], $2::int[]) AS a(id, attempts)
+WHERE d.id = a.id AND d.status = 'parked' AND d.attempts = a.attempts
+RETURNING d.id`
 
 // leases holds the leases of the parked intents this process has in hand,
 // from the lease until the result is written (or the job dropped or handed
@@ -27,32 +27,39 @@ RETURNING d.id, d.next_attempt_at`
 // took), while a call that outlasts any number of leases, or a job that
 // waits long for a free worker, is not leased and sent again meanwhile.
 //
-// The lease is a fence: a result is written only where the row's
-// next_attempt_at is the lease in hand. Each renewal moves it, so the
-// renewal and taking the token for the result are serialised by mu: take
-// (under mu) either sees the renewed token or stops the renewal of that
-// intent before it is sent.
+// The lease is a fence: a result is written, and a lease renewed, only
+// where the row's attempts are still what this lease made them. Every
+// lease adds one (and a lease handed back unstarted takes it back), so
+// another process's lease, taken once this one expired, makes this one's
+// result and renewals write nothing. A renewal moves only the expiry
+// (next_attempt_at), so one whose answer was lost, committed or not, loses
+// nothing: the next one matches as well, and so does the result.
 type leases struct {
 	mu   sync.Mutex
 	held map[int64]heldLease
 }
 
 type heldLease struct {
-	token     time.Time // the row's next_attempt_at under this lease
-	confirmed time.Time // when the database last set it, by this process's clock
+	attempts  int32     // the row's attempts under this lease
+	confirmed time.Time // when the database last renewed it, by this process's clock
 }
 
 func newLeases() *leases { return &leases{held: map[int64]heldLease{}} }
 
-// hold starts holding the lease of p, set at began.
-func (l *leases) hold(p parked, began time.Time) {
+// hold starts holding the lease of p, taken at began. If this process
+// holds p already (its lease expired unrenewed, through a database outage,
+// and it was leased again here), the job in hand goes on under the new
+// lease, and hold reports false: no second job.
+func (l *leases) hold(p parked, began time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.held[p.ID] = heldLease{token: p.Lease, confirmed: began}
+	_, again := l.held[p.ID]
+	l.held[p.ID] = heldLease{attempts: p.Attempts, confirmed: began}
+	return !again
 }
 
-// current is p's lease token and when it was last confirmed; ok is false
-// once it is lost (another lease took the row: this one expired unrenewed).
+// current is p's lease and when it was last confirmed; ok is false once it
+// is lost (another lease took the row: this one expired unrenewed).
 func (l *leases) current(id int64) (h heldLease, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -60,21 +67,22 @@ func (l *leases) current(id int64) (h heldLease, ok bool) {
 	return h, ok
 }
 
-// take stops holding p's lease and returns its token, to write the result
-// under; ok is false if it was lost.
-func (l *leases) take(id int64) (token time.Time, ok bool) {
+// take stops holding p's lease and returns its attempts, to write the
+// result under; ok is false if it was lost.
+func (l *leases) take(id int64) (attempts int32, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h, ok := l.held[id]
 	delete(l.held, id)
-	return h.token, ok
+	return h.attempts, ok
 }
 
 // renew renews every lease held, for lease from now, in one statement
-// bounded by timeout. A lease the statement did not find under its token
-// is lost and dropped: a result under it would not be written anyway. On
-// an error nothing is dropped, and the next renewal tries again; a lease
-// not confirmed for half its length is not started (Worker.stale).
+// bounded by timeout. A lease the statement did not find (another lease
+// took the row, or an operator resolved it) is lost and dropped: a result
+// under it would not be written anyway. On an error nothing is dropped,
+// and the next renewal tries again; a lease not confirmed for half its
+// length is not started (Worker.stale).
 func (l *leases) renew(ctx context.Context, db interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, lease, timeout time.Duration) (renewed, lost int, err error) {
@@ -83,29 +91,27 @@ func (l *leases) renew(ctx context.Context, db interface {
 	if len(l.held) == 0 {
 		return 0, 0, nil
 	}
-	ids, tokens := make([]int64, 0, len(l.held)), make([]time.Time, 0, len(l.held))
+	ids, attempts := make([]int64, 0, len(l.held)), make([]int32, 0, len(l.held))
 	for id, h := range l.held {
-		ids, tokens = append(ids, id), append(tokens, h.token)
+		ids, attempts = append(ids, id), append(attempts, h.attempts)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	began := time.Now()
-	rows, _ := db.Query(ctx, renewLeasesSQL, ids, tokens, lease.Microseconds())
-	type row struct {
-		ID    int64
-		Lease time.Time
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	rows, _ := db.Query(ctx, renewLeasesSQL, ids, attempts, lease.Microseconds())
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		return 0, 0, err
 	}
-	found := make(map[int64]time.Time, len(got))
-	for _, r := range got {
-		found[r.ID] = r.Lease
+	found := make(map[int64]bool, len(got))
+	for _, id := range got {
+		found[id] = true
 	}
 	for _, id := range ids {
-		if t, ok := found[id]; ok {
-			l.held[id] = heldLease{token: t, confirmed: began}
+		if found[id] {
+			h := l.held[id]
+			h.confirmed = began
+			l.held[id] = h
 		} else {
 			delete(l.held, id)
 			lost++

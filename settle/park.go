@@ -48,10 +48,10 @@ import (
 // does one parked for over an hour (another copy of its event may have
 // reached the provider). A lease lasts Lease and is renewed every Lease/3
 // while this process has the intent in hand (lease.go); one that outlives
-// it anyway (renewals failing) is harmless for G8 (a second copy looks the key up, the provider replays
-// it, the inbox records it once), and each result is written only under
-// its own lease (the next_attempt_at the lease set, which every lease
-// moves forward). A crash between the park and the ack delivers the intent
+// it anyway (renewals failing) is harmless for G8 (a second copy looks the
+// key up, the provider replays it, the inbox records it once), and each
+// result is written only under its own lease (the attempts the lease made,
+// which every later lease moves on). A crash between the park and the ack delivers the intent
 // again as well: both copies settle through the same inbox and key.
 const (
 	parkSQL = `
@@ -95,16 +95,16 @@ WHERE d.id = ANY (ARRAY(
                           ORDER BY next_attempt_at
                           LIMIT a.n
                           FOR UPDATE SKIP LOCKED) p))
-RETURNING d.id, d.tenant_id, d.payload, d.attempts, d.deliveries, d.next_attempt_at,
+RETURNING d.id, d.tenant_id, d.payload, d.attempts, d.deliveries,
           d.created_at < now() - interval '1 hour'`
 
 	// The results of a leased intent $1, written only under its own lease
-	// (next_attempt_at = $2).
-	parkedDoneSQL  = `DELETE FROM dead_letters WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
-	parkedAgainSQL = `UPDATE dead_letters SET next_attempt_at = now() + $3::bigint * interval '1 microsecond', deliveries = $4, error = $5 WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
-	parkedOpenSQL  = `UPDATE dead_letters SET status = 'open', deliveries = $3, error = $4, next_attempt_at = NULL, last_tried_at = now() WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
+	// (attempts = $2, as the lease made them: lease.go).
+	parkedDoneSQL  = `DELETE FROM dead_letters WHERE id = $1 AND status = 'parked' AND attempts = $2`
+	parkedAgainSQL = `UPDATE dead_letters SET next_attempt_at = now() + $3::bigint * interval '1 microsecond', deliveries = $4, error = $5 WHERE id = $1 AND status = 'parked' AND attempts = $2`
+	parkedOpenSQL  = `UPDATE dead_letters SET status = 'open', deliveries = $3, error = $4, next_attempt_at = NULL, last_tried_at = now() WHERE id = $1 AND status = 'parked' AND attempts = $2`
 	// unleaseSQL hands back a lease never started (on shutdown).
-	unleaseSQL = `UPDATE dead_letters SET next_attempt_at = now(), attempts = attempts - 1 WHERE id = $1 AND status = 'parked' AND next_attempt_at = $2`
+	unleaseSQL = `UPDATE dead_letters SET next_attempt_at = now(), attempts = attempts - 1 WHERE id = $1 AND status = 'parked' AND attempts = $2`
 
 	// maxParkedTenants bounds the tenants one scan lists; past it, a scan
 	// only adds to the tenants known to have parked intents.
@@ -194,9 +194,6 @@ type parked struct {
 	Attempts int32
 	// Failures counts the failed deliveries before this one.
 	Failures int32
-	// Lease is the row's next_attempt_at as the lease set it: it fences
-	// this lease's result.
-	Lease time.Time
 	// Old says it was parked over an hour ago.
 	Old bool
 }
@@ -313,10 +310,16 @@ func (w *Worker) leaseParked(ctx context.Context, consumer string, slots *tenant
 			}
 			return
 		}
+		started := leased[:0]
 		for _, p := range leased {
 			allotted[p.Tenant]--
-			l.hold(p, began)
+			if l.hold(p, began) {
+				started = append(started, p)
+			} else {
+				slots.giveBack(p.Tenant, 1) // its job is in hand already
+			}
 		}
+		leased = started
 		for t, k := range allotted {
 			if k > 0 {
 				slots.giveBack(t, k)
@@ -341,12 +344,12 @@ func (w *Worker) unlease(ctx context.Context, consumer string, slots *tenantSlot
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unleaseTimeout)
 	defer cancel()
 	for _, p := range ps {
-		lease, ok := l.take(p.ID)
+		attempts, ok := l.take(p.ID)
 		if !ok {
 			slots.giveBack(p.Tenant, 1)
 			continue
 		}
-		if _, err := w.db.Exec(uctx, unleaseSQL, p.ID, lease); err != nil {
+		if _, err := w.db.Exec(uctx, unleaseSQL, p.ID, attempts); err != nil {
 			w.logger.WarnContext(ctx, "hand back a leased parked intent (its lease expires instead)", "consumer", consumer, "id", p.ID, "err", err)
 		}
 		slots.giveBack(p.Tenant, 1)
@@ -368,7 +371,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, l *leases, p
 	if r.providerDown {
 		failed = p.Failures // the provider's failures are not counted (exhausted)
 	}
-	// The result is written under the lease as last renewed; renewals stop
+	// The result is written under this process's lease; renewals stop
 	// here. (One lost meanwhile writes nothing: the newer lease decides.)
 	lease, held := l.take(p.ID)
 	var (
@@ -404,7 +407,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, l *leases, p
 	case err != nil:
 		w.logger.WarnContext(ctx, "record a parked intent's result (it is tried again after its lease, and found recorded)", "consumer", consumer, "id", p.ID, "err", err)
 	case r.verdict != abandon && (!held || tag.RowsAffected() == 0):
-		// (Lost, its token is the zero time, which no row has.)
+		// (Lost, its attempts are 0, which no leased row has.)
 		w.logger.WarnContext(ctx, "a parked intent's lease ended before its result; the newer lease decides", "consumer", consumer, "id", p.ID, "verdict", r.verdict)
 	}
 }

@@ -34,8 +34,9 @@ import (
 // slots and Concurrency in all, and hands them to the workers, which take
 // them between delivered intents and settle them as delivered ones (the
 // recorded-outcome check, the provider call with the intent's own key, the
-// recording); a job that waited half its lease for a worker is dropped,
-// and tried again after the lease. A settled one is deleted (payment_inbox and payments hold its
+// recording); a job whose lease was lost, or not confirmed by a renewal
+// for half its length, while it waited for a worker is dropped, and tried
+// again after the lease. A settled one is deleted (payment_inbox and payments hold its
 // outcome); a failed one is parked again on the backoff, and opened as a
 // dead letter after MaxDeliver failed deliveries (counted on the row, with
 // the ones before it was parked), unless the provider gave no outcome

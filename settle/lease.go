@@ -34,6 +34,11 @@ RETURNING d.id`
 // result and renewals write nothing. A renewal moves only the expiry
 // (next_attempt_at), so one whose answer was lost, committed or not, loses
 // nothing: the next one matches as well, and so does the result.
+//
+// An entry stays until its job takes it (or the job is handed back or
+// dropped), lost or not, so that a lease of the same intent taken here
+// again while its job is in hand is attached to that job (hold), never
+// given a second one.
 type leases struct {
 	mu   sync.Mutex
 	held map[int64]heldLease
@@ -42,6 +47,7 @@ type leases struct {
 type heldLease struct {
 	attempts  int32     // the row's attempts under this lease
 	confirmed time.Time // when the database last renewed it, by this process's clock
+	lost      bool      // a renewal found the row's attempts moved on: another lease took it
 }
 
 func newLeases() *leases { return &leases{held: map[int64]heldLease{}} }
@@ -53,7 +59,7 @@ func newLeases() *leases { return &leases{held: map[int64]heldLease{}} }
 func (l *leases) hold(p parked, began time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	_, again := l.held[p.ID]
+	_, again := l.held[p.ID] // lost or not: its job is still in hand
 	l.held[p.ID] = heldLease{attempts: p.Attempts, confirmed: began}
 	return !again
 }
@@ -64,7 +70,7 @@ func (l *leases) current(id int64) (h heldLease, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h, ok = l.held[id]
-	return h, ok
+	return h, ok && !h.lost
 }
 
 // take stops holding p's lease and returns its attempts, to write the
@@ -74,13 +80,17 @@ func (l *leases) take(id int64) (attempts int32, ok bool) {
 	defer l.mu.Unlock()
 	h, ok := l.held[id]
 	delete(l.held, id)
-	return h.attempts, ok
+	if !ok || h.lost {
+		return 0, false
+	}
+	return h.attempts, true
 }
 
 // renew renews every lease held, for lease from now, in one statement
 // bounded by timeout. A lease the statement did not find (another lease
-// took the row, or an operator resolved it) is lost and dropped: a result
-// under it would not be written anyway. On an error nothing is dropped,
+// took the row, or an operator resolved it) is lost: no longer renewed,
+// and its result not written; its entry stays until its job takes it
+// (hold). On an error nothing is marked lost,
 // and the next renewal tries again; a lease not confirmed for half its
 // length is not started (Worker.stale).
 func (l *leases) renew(ctx context.Context, db interface {
@@ -93,7 +103,12 @@ func (l *leases) renew(ctx context.Context, db interface {
 	}
 	ids, attempts := make([]int64, 0, len(l.held)), make([]int32, 0, len(l.held))
 	for id, h := range l.held {
-		ids, attempts = append(ids, id), append(attempts, h.attempts)
+		if !h.lost {
+			ids, attempts = append(ids, id), append(attempts, h.attempts)
+		}
+	}
+	if len(ids) == 0 {
+		return 0, 0, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -108,14 +123,14 @@ func (l *leases) renew(ctx context.Context, db interface {
 		found[id] = true
 	}
 	for _, id := range ids {
+		h := l.held[id]
 		if found[id] {
-			h := l.held[id]
 			h.confirmed = began
-			l.held[id] = h
 		} else {
-			delete(l.held, id)
+			h.lost = true
 			lost++
 		}
+		l.held[id] = h
 	}
 	return len(got), lost, nil
 }

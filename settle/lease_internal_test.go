@@ -93,3 +93,87 @@ func TestHoldingALeaseAgainStartsNoSecondJob(t *testing.T) {
 		t.Fatalf("take: %d, %v; want the new lease's attempts 2", attempts, ok)
 	}
 }
+
+// leaseOne leases the one due parked intent of tenant acme, as the
+// re-drive does.
+func leaseOne(t *testing.T, ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) parked {
+	t.Helper()
+	rows, _ := q.Query(ctx, leaseParkedSQL, "payment_worker_charges", []string{"acme"}, []int32{1}, (30 * time.Second).Microseconds())
+	ps, err := pgx.CollectRows(rows, pgx.RowToStructByPos[parked])
+	if err != nil || len(ps) != 1 {
+		t.Fatalf("lease: %v, %v", ps, err)
+	}
+	return ps[0]
+}
+
+// A lease a renewal found taken by another lease, taken here again while
+// its job is still in hand, goes to that job: no second job, and the job
+// writes under the new lease. Two ways there: this process's own lease
+// statement racing its renewal after an outage, and another process's
+// lease handed back unstarted (review).
+func TestALeaseLostAndTakenAgainGoesToTheJobInHand(t *testing.T) {
+	db := testenv.DB(t)
+	ctx := context.Background()
+	for _, way := range []string{"own lease racing the renewal", "another's lease handed back"} {
+		l := newLeases()
+		var id int64
+		if err := db.QueryRow(ctx, `
+INSERT INTO dead_letters (projection, tenant_id, stream_seq, subject, payload, error, deliveries, status, attempts, next_attempt_at)
+VALUES ('payment_worker_charges', 'acme', 1, 's', '\x00', 'deferred', 0, 'parked', 0, now() - interval '1 second')
+RETURNING id`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		job := leaseOne(t, ctx, db)
+		l.hold(job, time.Now())
+		// Its lease expires unrenewed (a database outage).
+		if _, err := db.Exec(ctx, `UPDATE dead_letters SET next_attempt_at = now() - interval '1 second' WHERE id = $1`, id); err != nil {
+			t.Fatal(err)
+		}
+		var again parked
+		if way == "own lease racing the renewal" {
+			tx, err := db.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again = leaseOne(t, ctx, tx) // not committed yet
+			done := make(chan int)
+			go func() {
+				_, lost, _ := l.renew(ctx, db, 30*time.Second, 5*time.Second) // waits for the lease's row lock
+				done <- lost
+			}()
+			for waiting, deadline := false, time.Now().Add(10*time.Second); !waiting; {
+				if time.Now().After(deadline) {
+					t.Fatal("the renewal never waited for the lease's row lock")
+				}
+				if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE dead_letters d%')`).Scan(&waiting); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if lost := <-done; lost != 1 {
+				t.Fatalf("%s: the renewal lost %d leases, want 1", way, lost)
+			}
+		} else {
+			other := leaseOne(t, ctx, db)
+			if _, lost, err := l.renew(ctx, db, 30*time.Second, 5*time.Second); err != nil || lost != 1 {
+				t.Fatalf("%s: renewal lost %d, err %v; want 1, nil", way, lost, err)
+			}
+			if _, err := db.Exec(ctx, unleaseSQL, id, other.Attempts); err != nil {
+				t.Fatal(err)
+			}
+			again = leaseOne(t, ctx, db)
+		}
+		if l.hold(again, time.Now()) {
+			t.Errorf("%s: the lease taken again started a second job while the first is in hand", way)
+		}
+		attempts, ok := l.take(id)
+		if !ok || attempts != again.Attempts {
+			t.Errorf("%s: the job in hand takes attempts %d (held %v), want the new lease's %d", way, attempts, ok, again.Attempts)
+		}
+	}
+}

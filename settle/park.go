@@ -373,8 +373,12 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, l *leases, p
 		failed = p.Failures // the provider's failures are not counted (exhausted)
 	}
 	// The result is written under this process's lease; renewals stop
-	// here. (One lost meanwhile writes nothing: the newer lease decides.)
+	// here. One lost meanwhile writes nothing: the newer lease decides.
 	lease, held := l.take(p.ID)
+	if !held {
+		w.logger.WarnContext(ctx, "a parked intent's lease ended before its result; the newer lease decides", "consumer", consumer, "id", p.ID, "verdict", r.verdict)
+		return
+	}
 	var (
 		tag pgconn.CommandTag
 		err error
@@ -407,8 +411,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, l *leases, p
 	switch {
 	case err != nil:
 		w.logger.WarnContext(ctx, "record a parked intent's result (it is tried again after its lease, and found recorded)", "consumer", consumer, "id", p.ID, "err", err)
-	case r.verdict != abandon && (!held || tag.RowsAffected() == 0):
-		// (Lost, its attempts are 0, which no leased row has.)
+	case r.verdict != abandon && tag.RowsAffected() == 0:
 		w.logger.WarnContext(ctx, "a parked intent's lease ended before its result; the newer lease decides", "consumer", consumer, "id", p.ID, "verdict", r.verdict)
 	}
 }

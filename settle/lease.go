@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/acme/orders/postgres"
 )
 
 // renewLeasesSQL moves forward, to $3 µs from now, the lease of each
@@ -93,14 +95,9 @@ func (l *leases) take(id int64) (attempts int32, ok bool) {
 // (hold). On an error nothing is marked lost,
 // and the next renewal tries again; a lease not confirmed for half its
 // length is not started (Worker.stale).
-func (l *leases) renew(ctx context.Context, db interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, lease, timeout time.Duration) (renewed, lost int, err error) {
+func (l *leases) renew(ctx context.Context, db postgres.DB, lease, timeout time.Duration) (renewed, lost int, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.held) == 0 {
-		return 0, 0, nil
-	}
 	ids, attempts := make([]int64, 0, len(l.held)), make([]int32, 0, len(l.held))
 	for id, h := range l.held {
 		if !h.lost {

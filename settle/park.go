@@ -374,7 +374,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, l *leases, p
 	}
 	// The result is written under this process's lease; renewals stop
 	// here. One lost meanwhile writes nothing: the newer lease decides.
-	lease, held := l.take(p.ID)
+	fence, held := l.take(p.ID)
 	if !held {
 		w.logger.WarnContext(ctx, "a parked intent's lease ended before its result; the newer lease decides", "consumer", consumer, "id", p.ID, "verdict", r.verdict)
 		return
@@ -388,7 +388,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, l *leases, p
 		if r.timing != nil && w.cfg.Observe != nil {
 			w.cfg.Observe(consumer, *r.timing)
 		}
-		tag, err = w.db.Exec(ctx, parkedDoneSQL, p.ID, lease)
+		tag, err = w.db.Exec(ctx, parkedDoneSQL, p.ID, fence)
 	case abandon: // its lease expires, and it is tried again (looked up first)
 		w.logger.WarnContext(ctx, "parked intent abandoned before recording; it is tried again after its lease", "consumer", consumer, "id", p.ID, "err", r.err)
 	case retry:
@@ -398,7 +398,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, l *leases, p
 			delay := w.backoff(uint64(max(failed, p.Attempts)))
 			w.logger.WarnContext(ctx, "parked intent failed; retrying with the same key", "consumer", consumer, "id", p.ID,
 				"failures", failed, "retry_in", delay, "err", r.err)
-			tag, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, lease, delay.Microseconds(), failed, postgres.Text(r.err.Error()))
+			tag, err = w.db.Exec(ctx, parkedAgainSQL, p.ID, fence, delay.Microseconds(), failed, postgres.Text(r.err.Error()))
 			break
 		}
 		r.err = fmt.Errorf("still failing after %d failed deliveries: %w", failed, r.err)
@@ -406,7 +406,7 @@ func (w *Worker) settleParked(ctx context.Context, consumer string, l *leases, p
 	case dead:
 		w.stats.deadLettered(consumer)
 		w.logger.ErrorContext(ctx, "parked intent dead-lettered", "consumer", consumer, "id", p.ID, "err", r.err)
-		tag, err = w.db.Exec(ctx, parkedOpenSQL, p.ID, lease, failed, postgres.Text(r.err.Error()))
+		tag, err = w.db.Exec(ctx, parkedOpenSQL, p.ID, fence, failed, postgres.Text(r.err.Error()))
 	}
 	switch {
 	case err != nil:

@@ -9,6 +9,8 @@
 #   scripts/nats.sh url PORT         print the client URL
 # NATS_SYNC_INTERVAL overrides the store's fsync policy (default: always,
 # so an acknowledged event survives a power cut on a single node).
+# NATS_PROF_PORT, if set, serves the server's Go profiles on
+# 127.0.0.1:NATS_PROF_PORT/debug/pprof/ (BENCH_PPROF=1 of the bench sets it).
 #
 # The server binary comes from the Go module tool directive
 # (tool github.com/nats-io/nats-server/v2), built by `go tool -n nats-server`
@@ -24,7 +26,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 die() { echo "nats.sh: $*" >&2; exit 1; }
 
 usage() {
-	sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -97,6 +99,10 @@ jetstream {
   sync_interval: ${NATS_SYNC_INTERVAL:-always}
 }
 EOF
+	if [ -n "${NATS_PROF_PORT:-}" ]; then
+		[[ "$NATS_PROF_PORT" =~ ^[0-9]+$ ]] || die "NATS_PROF_PORT must be a number, got '$NATS_PROF_PORT'"
+		echo "prof_port: $NATS_PROF_PORT" >>"$conf"
+	fi
 	if [ -n "${NATS_CLUSTER_PORT:-}" ]; then
 		cat >>"$conf" <<EOF
 cluster {

@@ -60,6 +60,9 @@ func (s *stack) up(ctx context.Context) error {
 	if s.natsSync != "" {
 		os.Setenv("NATS_SYNC_INTERVAL", s.natsSync)
 	}
+	if os.Getenv("BENCH_PPROF") == "1" {
+		os.Setenv("NATS_PROF_PORT", "6064") // nats-server's profiles, beside the Go processes' (startProcess)
+	}
 	if err := s.sh(ctx, "scripts/nats.sh", "start", filepath.Join(s.dir, "nats"), fmt.Sprint(s.natsPort)); err != nil {
 		return err
 	}
@@ -120,7 +123,7 @@ func (s *stack) startProcess(bin string, env ...string) (*exec.Cmd, error) {
 	cmd := exec.Command(filepath.Join(s.dir, "bin", bin))
 	cmd.Env = append(s.env(), env...)
 	// BENCH_PPROF=1 serves each Go process's profiles on a port of its own
-	// (api 6061, projector 6062, worker 6063), to profile a
+	// (api 6061, projector 6062, worker 6063; nats-server 6064), to profile a
 	// phase while it runs.
 	if os.Getenv("BENCH_PPROF") == "1" {
 		if port, ok := map[string]int{"api": 6061, "projector": 6062, "worker": 6063}[bin]; ok {

@@ -22,8 +22,8 @@ const (
 )
 
 const (
-	// orderRequestInsertSQL keeps the key of a step that changed an order;
-	// 0 rows: the key changed it before.
+	// orderRequestInsertSQL keeps the key of a step that ran on an order;
+	// 0 rows: the key ran on it before.
 	orderRequestInsertSQL = `
 INSERT INTO order_requests (tenant_id, order_id, scope, idempotency_key, version) VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT DO NOTHING`
@@ -33,7 +33,7 @@ SELECT version FROM order_requests WHERE tenant_id = $1 AND order_id = $2 AND sc
 
 // changeKept is changeOrder for a step (scope) sent under the
 // Idempotency-Key key, which the order keeps for good when the step
-// changes it. A key it kept before (its key row has expired since: a
+// runs, whether it changes the order or not (a refusal keeps nothing). A key it kept before (its key row has expired since: a
 // live one replays without running the step) is refused with ranBefore,
 // whatever the step would do now: run again, or be refused because the
 // first run changed the order (a version or state it no longer has).
@@ -56,6 +56,18 @@ func changeKept(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, s
 			return nil
 		})
 	})
+	if err == nil && !changed {
+		// A step that changes nothing (a pay while the order is
+		// payment_pending or paid, a refund while one is pending) ran too:
+		// its key is kept at the order's version, so that a retry after
+		// the key's row expired cannot start what this run did not (a
+		// charge attempt, once the attempt in flight was declined). Such
+		// a retry that still changes nothing is answered as this run was.
+		if _, err := tx.Exec(ctx, orderRequestInsertSQL, o.TenantID, o.ID, scope, key, o.Version); err != nil {
+			return domain.Order{}, false, fmt.Errorf("keep the key of a %s of order %s: %w", scope, id, err)
+		}
+		return out, false, nil
+	}
 	switch kind := domain.KindOf(err); {
 	case err == nil && !keptBefore:
 		return out, changed, nil

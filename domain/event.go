@@ -161,8 +161,9 @@ func (OrderShipped) EventType() string { return TypeOrderShipped }
 // OrderCancelled records that an order was cancelled. Refunded is 0 since
 // payments go through the provider: a paid order's refund is requested by the
 // RefundRequested event that follows it and counts only once OrderRefunded
-// confirms it. Events written before that carry the refunded total of a paid
-// order here (and no refund.requested follows them).
+// confirms it. Events written before that, and the cancellation of an order
+// paid before then (it has no charge to refund), carry the refunded total of
+// a paid order here (and no refund.requested follows them).
 type OrderCancelled struct {
 	Transition
 	Reason   string `json:"reason"`

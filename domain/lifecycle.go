@@ -81,7 +81,10 @@ const PaymentSettleRetryAfter = time.Second
 // Cancel cancels a pending, payment_failed or paid order for reason (1 to
 // 500 characters) and returns its events: OrderCancelled, and for a paid
 // order also RefundRequested (refund attempt 1 of the full total, with its
-// derived RefundKey), one version later. It returns no events when the
+// derived RefundKey), one version later. An order paid before payments went
+// through the provider (migration 009 left it no charge to refund) is
+// refunded at the cancellation, as then: OrderCancelled carries its total
+// as Refunded, and no RefundRequested follows. It returns no events when the
 // order was cancelled before, a KindInvalid error for a bad reason, and a
 // KindConflict error when it is shipped or payment_pending (a charge may be
 // in flight: retry once the payment settled).
@@ -101,9 +104,16 @@ func (o *Order) Cancel(reason string, now time.Time) ([]Event, error) {
 		}
 	case StatusPending, StatusPaymentFailed, StatusPaid:
 		paid := o.Status == StatusPaid
+		// No charge to refund: paid before the provider (RetryRefund reads
+		// such an order, once cancelled, as refunded).
+		local := paid && o.Payment.ChargeID == ""
 		o.CancelledAt, o.CancelReason = &now, reason
-		evs := []Event{OrderCancelled{Transition: o.transition(StatusCancelled, now), Reason: reason}}
-		if paid {
+		cancelled := OrderCancelled{Transition: o.transition(StatusCancelled, now), Reason: reason}
+		if local {
+			cancelled.Refunded = o.Total
+		}
+		evs := []Event{cancelled}
+		if paid && !local {
 			evs = append(evs, o.requestRefund(now))
 		}
 		return evs, nil

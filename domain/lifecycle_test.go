@@ -204,6 +204,31 @@ func TestPaymentAttemptsAndKeys(t *testing.T) {
 	}
 }
 
+// An order paid before payments went through the provider has no charge
+// (migration 009 left it payment {}): a refund.requested for it would carry
+// no charge id, which the worker refuses as malformed, and the refund would
+// stay pending for good. Its cancellation refunds it as releases before did.
+func TestCancelOfAnOrderPaidBeforeTheProviderRefundsAtOnce(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	o := orderIn(t, domain.StatusPending)
+	o.Status, o.PaidAt = domain.StatusPaid, &now // as migration 009 found it: paid, payment {}
+	v := o.Version
+	evs, err := o.Cancel("fraud", now)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("cancel: %v %v (want OrderCancelled alone)", evs, err)
+	}
+	if c := evs[0].(domain.OrderCancelled); c.Refunded != o.Total || c.From != domain.StatusPaid {
+		t.Fatalf("cancelled: %+v (want the total refunded at the cancellation)", c)
+	}
+	if o.Version != v+1 || o.Status != domain.StatusCancelled || o.Refund.Status != domain.RefundNone {
+		t.Fatalf("order after cancel: version %d (was %d), status %s, refund %+v", o.Version, v, o.Status, o.Refund)
+	}
+	if ev, err := o.RetryRefund(now); ev != nil || err != nil {
+		t.Fatalf("refund asked again: %v %v (want nothing: refunded at the cancellation)", ev, err)
+	}
+}
+
 func TestCancelOfPaidOrderRequestsRefund(t *testing.T) {
 	t.Parallel()
 	now := time.Now().UTC()

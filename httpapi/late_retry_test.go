@@ -6,6 +6,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/acme/orders/internal/testenv"
 )
 
 // A retry that comes after its key's record expired never runs again and
@@ -152,4 +156,77 @@ func TestALateShipOrCancelWithIfMatchIsNotTold412(t *testing.T) {
 	}
 	a.charge(t, paid.ID, true)
 	check(paid.ID, "ship", "late-ship", paid.Version+2, "", "shipped")
+}
+
+// A pay or a refund that changed nothing (another key's attempt was under
+// way: 200) ran all the same. Its retry after the key's record expired,
+// once that attempt failed, must not start the attempt the first run did
+// not: it is told its key ran before (409), while a late retry that still
+// changes nothing is answered 200 as the first run was.
+func TestALateRetryOfAStepThatChangedNothingStartsNoAttempt(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	expireKeys := func() {
+		t.Helper()
+		if _, err := a.db.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	intents := func(id, eventType string) (n int) {
+		t.Helper()
+		if err := a.db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = $2`, id, eventType).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	step := func(id, what, key, body string) response {
+		return a.do(t, http.MethodPost, "/v1/orders/"+id+"/"+what, map[string]string{"Idempotency-Key": key}, body)
+	}
+	late := func(id, what, key, body, eventType string) {
+		t.Helper()
+		n := intents(id, eventType)
+		for range 2 {
+			r := step(id, what, key, body)
+			if r.status != http.StatusConflict || !strings.Contains(decodeProblem(t, r).Detail, "expired") {
+				t.Fatalf("late retry of the %s that changed nothing, after the attempt under way failed: %d %s; want 409 (its key ran before)", what, r.status, r.body)
+			}
+			if m := intents(id, eventType); m != n {
+				t.Fatalf("late retry of the %s started %d attempts", what, m-n)
+			}
+		}
+	}
+
+	// Pay: A's attempt under way, B's pay changes nothing; A is declined.
+	order := decodeOrder(t, a.post(t, "noop-create", validBody))
+	declining := `{"payment_method":"pm_card_chargeDeclined"}`
+	if r := step(order.ID, "pay", "noop-pay-a", declining); r.status != 202 {
+		t.Fatalf("pay A: %d %s", r.status, r.body)
+	}
+	if r := step(order.ID, "pay", "noop-pay-b", declining); r.status != 200 {
+		t.Fatalf("pay B while A's attempt is under way: %d %s; want 200", r.status, r.body)
+	}
+	// While nothing failed, B's late retry still changes nothing: 200.
+	expireKeys()
+	if r := step(order.ID, "pay", "noop-pay-b", declining); r.status != 200 || intents(order.ID, "payment.requested") != 1 {
+		t.Fatalf("late retry of pay B while A's attempt is still under way: %d %s", r.status, r.body)
+	}
+	a.charge(t, order.ID, false)
+	expireKeys()
+	late(order.ID, "pay", "noop-pay-b", declining, "payment.requested")
+
+	// Refund: refund 1 pending, another key's refund changes nothing; refund 1 fails.
+	paid := decodeOrder(t, a.post(t, "noop-create-2", validBody))
+	if r := step(paid.ID, "pay", "noop-pay-2", ""); r.status != 202 {
+		t.Fatalf("pay: %d %s", r.status, r.body)
+	}
+	a.charge(t, paid.ID, true)
+	if r := step(paid.ID, "cancel", "noop-cancel", `{"reason":"ordered twice"}`); r.status != 200 {
+		t.Fatalf("cancel: %d %s", r.status, r.body)
+	}
+	if r := step(paid.ID, "refund", "noop-refund", ""); r.status != 200 {
+		t.Fatalf("refund while refund 1 is pending: %d %s; want 200", r.status, r.body)
+	}
+	testenv.SettleRefund(t, a.db, uuid.MustParse(paid.ID), false)
+	expireKeys()
+	late(paid.ID, "refund", "noop-refund", "", "refund.requested")
 }

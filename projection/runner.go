@@ -37,6 +37,13 @@ const (
 	DefaultWorkers    = 2
 	DefaultAckWait    = 10 * time.Second
 	DefaultMaxDeliver = 10
+	// MaxAckWait and MaxMaxDeliver bound Config.AckWait and
+	// Config.MaxDeliver: the redelivery horizons (RedeliveryHorizon,
+	// predecessorHorizon) multiply and add them, and past these they would
+	// wrap time.Duration, turning a horizon negative (an inbox retention
+	// check that passes anything; a waiting event called missing at once).
+	MaxAckWait        = time.Hour
+	MaxMaxDeliver     = 10_000
 	DefaultGapDelay   = 20 * time.Millisecond
 	DefaultRetryDelay = time.Second
 	// DefaultAckPendingBatches is the consumer's MaxAckPending by default,
@@ -204,6 +211,10 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
+	case c.AckWait > MaxAckWait:
+		return fmt.Errorf("projection config: AckWait must be at most %s, got %s", MaxAckWait, c.AckWait)
+	case c.MaxDeliver > MaxMaxDeliver:
+		return fmt.Errorf("projection config: MaxDeliver must be at most %d, got %d", MaxMaxDeliver, c.MaxDeliver)
 	case c.MaxAckPending < 1:
 		return fmt.Errorf("projection config: MaxAckPending must be at least 1, got %d", c.MaxAckPending)
 	case !(c.TenantShare > 0 && c.TenantShare <= 1):

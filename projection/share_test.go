@@ -56,7 +56,16 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{Config{TenantShare: 1.5}, "TenantShare"},
 		{Config{TenantShare: -0.1}, "TenantShare"},
 		{Config{MaxAckPending: -1}, "MaxAckPending"},
+		{Config{AckWait: 1_000_000 * time.Hour}, "AckWait"},          // the horizons wrapped negative
+		{Config{MaxDeliver: 200_000_000}, "MaxDeliver"},              // RedeliveryHorizon wrapped
+		{Config{AckWait: MaxAckWait, MaxDeliver: MaxMaxDeliver}, ""}, // at the bounds: valid
 	} {
+		if tc.field == "" {
+			if err := tc.cfg.Validate(); err != nil || RedeliveryHorizon(tc.cfg) <= 0 {
+				t.Errorf("Validate(%+v) = %v, horizon %s: want valid, and a positive horizon", tc.cfg, err, RedeliveryHorizon(tc.cfg))
+			}
+			continue
+		}
 		err := tc.cfg.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("Validate(%+v) = %v, want an error naming %s", tc.cfg, err, tc.field)

@@ -181,8 +181,8 @@ func parseAPIConfig(sub string, args []string, env *Env) (apiConfig, error) {
 				MaxIdempotencyWait, serverWriteTimeout, c.keyWait)
 		case c.replicas < 1 || c.replicas > stream.MaxReplicas:
 			return c, fmt.Errorf("-stream-replicas must be 1 to %d, got %d", stream.MaxReplicas, c.replicas)
-		case c.poolSize < 4:
-			return c, fmt.Errorf("-db-pool-size must be at least 4, got %d", c.poolSize)
+		case c.poolSize < 4 || c.poolSize > MaxPoolSize:
+			return c, fmt.Errorf("-db-pool-size must be 4 to %d, got %d", MaxPoolSize, c.poolSize)
 		case c.createGroupSlots < -1:
 			return c, fmt.Errorf("-create-group-slots must be -1 (the default), 0 (off) or more, got %d", c.createGroupSlots)
 		case c.tenantDBShare < 0:

@@ -48,6 +48,31 @@ func TestMistypedOrZeroSettingsAreRefusedAtStart(t *testing.T) {
 			t.Errorf("%s with %v: err %v, want one naming %s", tt.name, tt.env, err, want)
 		}
 	}
+	// Values past what the process can compute with are refused, not
+	// wrapped: a pool of 2^32 + 1 connections was a pool of one, and a
+	// redelivery horizon past time.Duration's range went negative.
+	for _, tt := range []struct {
+		run       func(context.Context, []string, func(string) string, io.Writer) error
+		name, key string
+		value     string
+		flag      string
+	}{
+		{RunAPI, "api", "DB_POOL_SIZE", "4294967297", "-db-pool-size"},
+		{RunProjector, "projector", "DB_POOL_SIZE", "4294967300", "-db-pool-size"},
+		{RunWorker, "worker", "DB_POOL_SIZE", "2147483648", "-db-pool-size"},
+		{RunProjector, "projector", "PROJECTOR_MAX_DELIVER", "200000000", "-max-deliver"},
+		{RunProjector, "projector", "PROJECTOR_ACK_WAIT", "1000000h", "-ack-wait"},
+	} {
+		err := tt.run(context.Background(), []string{tt.name}, func(k string) string {
+			if k == tt.key {
+				return tt.value
+			}
+			return ""
+		}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tt.flag) {
+			t.Errorf("%s with %s=%s: err %v, want one naming %s", tt.name, tt.key, tt.value, err, tt.flag)
+		}
+	}
 	if err := CheckLogFlags("TEXT", "Debug"); err != nil {
 		t.Errorf("CheckLogFlags(TEXT, Debug): %v, want nil (case is not checked)", err)
 	}

@@ -302,6 +302,11 @@ func closeDB(pool *pgxpool.Pool, logger *slog.Logger) {
 	logger.Info("shutdown: database connections closed", "duration", time.Since(start))
 }
 
+// MaxPoolSize bounds every process's -db-pool-size: far above what one
+// PostgreSQL serves (its max_connections), and within pgx's int32, which a
+// larger value would wrap (2^32 + 1 was a pool of one).
+const MaxPoolSize = 10_000
+
 // openDB opens the pool for a process: serving waits for the database as
 // long as it takes (so a restart during an outage needs no repair), a
 // one-off command gives up after 10 s (saying so as it retries).

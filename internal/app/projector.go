@@ -171,14 +171,14 @@ func runProjector(ctx context.Context, args []string, getenv func(string) string
 		return fmt.Errorf("-batch-size must be 1 to 1000, got %d", *batchSize)
 	case *replicas < 1 || *replicas > stream.MaxReplicas:
 		return fmt.Errorf("-stream-replicas must be 1 to %d, got %d", stream.MaxReplicas, *replicas)
-	case *poolSize < 4:
-		return fmt.Errorf("-db-pool-size must be at least 4, got %d", *poolSize)
+	case *poolSize < 4 || *poolSize > MaxPoolSize:
+		return fmt.Errorf("-db-pool-size must be 4 to %d, got %d", MaxPoolSize, *poolSize)
 	case *workers < 1 || *workers > 16:
 		return fmt.Errorf("-workers must be 1 to 16, got %d", *workers)
-	case *maxDeliver < 1:
-		return fmt.Errorf("-max-deliver must be at least 1, got %d", *maxDeliver)
-	case *ackWait < time.Second:
-		return fmt.Errorf("-ack-wait must be at least 1s, got %s", *ackWait)
+	case *maxDeliver < 1 || *maxDeliver > projection.MaxMaxDeliver:
+		return fmt.Errorf("-max-deliver must be 1 to %d, got %d", projection.MaxMaxDeliver, *maxDeliver)
+	case *ackWait < time.Second || *ackWait > projection.MaxAckWait:
+		return fmt.Errorf("-ack-wait must be 1s to %s, got %s", projection.MaxAckWait, *ackWait)
 	case *maxAckPending < 0:
 		return fmt.Errorf("-max-ack-pending must be at least 0, got %d", *maxAckPending)
 	case *tenantShare < 1 || *tenantShare > 100:

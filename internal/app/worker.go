@@ -111,8 +111,8 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 		// A mistyped subcommand ("dead-lettres list") must not start a worker.
 		return fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), workerUsage)
 	}
-	if *poolSize < 2 {
-		return fmt.Errorf("-db-pool-size must be at least 2, got %d", *poolSize)
+	if *poolSize < 2 || *poolSize > MaxPoolSize {
+		return fmt.Errorf("-db-pool-size must be 2 to %d, got %d", MaxPoolSize, *poolSize)
 	}
 	if err := CheckLogFlags(*logFormat, *logLevel); err != nil {
 		return err

@@ -12,6 +12,14 @@ import (
 	"github.com/acme/orders/internal/testenv"
 )
 
+// expireKeys makes every stored key expired, as 24 hours later.
+func (a api) expireKeys(tb testing.TB) {
+	tb.Helper()
+	if _, err := a.db.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // A retry that comes after its key's record expired never runs again and
 // is never told it did not run: the order keeps the keys of its create,
 // pays and updates, and each late retry gets 409 with the order's
@@ -22,12 +30,7 @@ func TestALateRetryIsToldItsKeyRanBefore(t *testing.T) {
 	a := newAPI(t)
 	created := decodeOrder(t, a.post(t, "late-create", validBody))
 	path := "/v1/orders/" + created.ID
-	expireKeys := func() {
-		t.Helper()
-		if _, err := a.db.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
-			t.Fatal(err)
-		}
-	}
+	expireKeys := func() { t.Helper(); a.expireKeys(t) }
 	state := func() (version int64, requests, keys int) {
 		t.Helper()
 		if err := a.db.QueryRow(context.Background(), `SELECT (SELECT version FROM orders WHERE id = $1),
@@ -102,12 +105,7 @@ func TestALateRetryIsToldItsKeyRanBefore(t *testing.T) {
 func TestALateShipOrCancelWithIfMatchIsNotTold412(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
-	expireKeys := func() {
-		t.Helper()
-		if _, err := a.db.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
-			t.Fatal(err)
-		}
-	}
+	expireKeys := func() { t.Helper(); a.expireKeys(t) }
 	events := func(id string) (n int) {
 		t.Helper()
 		if err := a.db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE aggregate_id = $1`, id).Scan(&n); err != nil {
@@ -166,12 +164,7 @@ func TestALateShipOrCancelWithIfMatchIsNotTold412(t *testing.T) {
 func TestALateRetryOfAStepThatChangedNothingStartsNoAttempt(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
-	expireKeys := func() {
-		t.Helper()
-		if _, err := a.db.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
-			t.Fatal(err)
-		}
-	}
+	expireKeys := func() { t.Helper(); a.expireKeys(t) }
 	intents := func(id, eventType string) (n int) {
 		t.Helper()
 		if err := a.db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE aggregate_id = $1 AND event_type = $2`, id, eventType).Scan(&n); err != nil {

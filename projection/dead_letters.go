@@ -108,18 +108,21 @@ func DeadLetterProjection(ctx context.Context, db postgres.DB, id int64) (string
 // WHERE, with its locking clause) selects, as events in (aggregate, version)
 // order. Each event carries its row's id (deadID):
 // decode reorders the events, so a list of ids kept beside them would no
-// longer line up.
+// longer line up. Each row's age is the database's (now() - created_at,
+// both its clock): a projector whose clock runs minutes ahead read an age
+// that long, and called a parked event's predecessor missing while it was
+// still being redelivered.
 func storedEvents(ctx context.Context, tx pgx.Tx, clause string, args ...any) ([]*event, error) {
-	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries, created_at FROM dead_letters WHERE `+clause, args...)
+	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries,
+    (extract(epoch FROM now() - created_at) * 1e6)::bigint FROM dead_letters WHERE `+clause, args...)
 	var events []*event
-	var id, seq int64
+	var id, seq, ageMicros int64
 	var deliveries int32
 	var subject string
 	var payload []byte
-	var created time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&id, &subject, &payload, &seq, &deliveries, &created}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&id, &subject, &payload, &seq, &deliveries, &ageMicros}, func() error {
 		events = append(events, &event{deadID: id, subject: subject, data: payload, seq: uint64(seq),
-			deliveries: uint64(deliveries), parkedAt: created})
+			deliveries: uint64(deliveries), parkedFor: time.Duration(ageMicros) * time.Microsecond})
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("read dead letters: %w", err)

@@ -218,7 +218,7 @@ func (r *Runner) recordRedriven(ctx context.Context, tx pgx.Tx, events []*event,
 			// The re-drive that applies the predecessor makes it due; the
 			// backoff is a fallback.
 			reason, deliveries, retryIn = held[e.env.ID], e.deliveries, r.retryDelay(e.deliveries)
-		case e.outcome == Gap && final && time.Since(e.parkedAt) < r.predecessorHorizon():
+		case e.outcome == Gap && final && e.parkedFor < r.predecessorHorizon():
 			// Its predecessor may still be redelivered: keep waiting.
 			reason, deliveries, retryIn = waitingFor(e), e.deliveries, r.gapDelay(e.deliveries)
 		case e.outcome == Gap && final:

@@ -343,3 +343,35 @@ func TestWaitingGapIsOpenedOnlyPastTheHorizon(t *testing.T) {
 		t.Fatalf("past the horizon: status %q, reason %q; want open, version 1 missing", status, reason)
 	}
 }
+
+// A parked event's age is the database's: now() - created_at, both its
+// clock. The projector's own clock (time.Since of the stored created_at)
+// was minutes off on a host whose clock ran ahead, and a waiting event's
+// predecessor was called missing while it was still being redelivered.
+// Inside one transaction now() stands still while the wall clock moves on,
+// so an age read from the wall clock shows here as the sleep added to it.
+func TestAParkedEventsAgeIsTheDatabases(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	ctx := context.Background()
+	v2 := orderEvents(t, "t1", "c-1")[1]
+	id := f.parkedRow(t, v2, statusParked, "waiting for version 1", uint64(DefaultMaxDeliver))
+	tx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `UPDATE dead_letters SET created_at = now() - interval '10 seconds' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_sleep(1.5)`); err != nil { // the wall clock moves on, now() does not
+		t.Fatal(err)
+	}
+	events, err := storedEvents(ctx, tx, `id = $1`, id)
+	if err != nil || len(events) != 1 {
+		t.Fatalf("stored events: %v, %d", err, len(events))
+	}
+	if got := events[0].parkedFor; got != 10*time.Second {
+		t.Fatalf("parked for %s, want 10s: the age is not the database's own", got)
+	}
+}

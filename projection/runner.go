@@ -563,10 +563,10 @@ type event struct {
 	seq         uint64
 	deliveries  uint64
 	env         domain.Envelope
-	undecodable bool      // not an envelope at all
-	deadID      int64     // its dead_letters row, for an event read from there
-	parkedAt    time.Time // when that row was written
-	permanent   bool      // err is a failure no retry can fix (Permanent)
+	undecodable bool          // not an envelope at all
+	deadID      int64         // its dead_letters row, for an event read from there
+	parkedFor   time.Duration // how long ago that row was written, by the database's clock
+	permanent   bool          // err is a failure no retry can fix (Permanent)
 	outcome     Outcome
 	err         error
 }

@@ -35,12 +35,13 @@ type StatusChange struct {
 func (o Order) History() []StatusChange {
 	h := []StatusChange{{Status: StatusPending, At: o.CreatedAt}}
 	if p := o.Payment; p.RequestedAt != nil {
-		if p.FailedAt != nil && p.FailedAt.Before(*p.RequestedAt) {
-			// Declined, then asked again: the decline came first.
-			h = append(h, StatusChange{Status: StatusPaymentFailed, At: *p.FailedAt, Reason: p.FailureReason})
-		}
 		h = append(h, StatusChange{Status: StatusPaymentPending, At: *p.RequestedAt})
-		if p.FailedAt != nil && !p.FailedAt.Before(*p.RequestedAt) {
+		// A decline is always of the latest attempt (Pay starts each
+		// attempt with no decline), so it comes after its request, whatever
+		// the two times say: they are two hosts' clocks (the api's and the
+		// worker's), and a decline within milliseconds of its request
+		// could read as older by a little skew.
+		if p.FailedAt != nil {
 			h = append(h, StatusChange{Status: StatusPaymentFailed, At: *p.FailedAt, Reason: p.FailureReason})
 		}
 	}

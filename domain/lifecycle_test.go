@@ -487,3 +487,31 @@ func TestAnOrderAwaitsOnlyTheIntentItAskedFor(t *testing.T) {
 		t.Error("a refund of another attempt is awaited")
 	}
 }
+
+// The decline is stamped by the worker's clock, the request by the api's:
+// a worker 20 ms behind declines 5 ms after the request at a time that
+// reads 15 ms before it. The history still ends in payment_failed, as the
+// order's status does.
+func TestHistoryPutsADeclineAfterItsRequestWhateverTheClocksSay(t *testing.T) {
+	t.Parallel()
+	o := orderIn(t, domain.StatusPending)
+	asked := o.CreatedAt.Add(time.Second)
+	if _, err := o.Pay(domain.DefaultPaymentMethod, asked); err != nil {
+		t.Fatal(err)
+	}
+	behind := asked.Add(5*time.Millisecond - 20*time.Millisecond)
+	if _, err := o.RecordCharge(o.Payment.Attempt, domain.ChargeOutcome{Amount: o.Total, Currency: o.Currency, DeclineCode: "card_declined", Reason: "declined"}, behind); err != nil {
+		t.Fatal(err)
+	}
+	h := o.History()
+	if o.Status != domain.StatusPaymentFailed || len(h) != 3 || h[1].Status != domain.StatusPaymentPending || h[2].Status != domain.StatusPaymentFailed {
+		t.Fatalf("status %s, history %+v: want pending, payment_pending, payment_failed", o.Status, h)
+	}
+	// Asked again: the new attempt has no decline yet.
+	if _, err := o.Pay(domain.DefaultPaymentMethod, asked.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if h := o.History(); len(h) != 2 || h[1].Status != domain.StatusPaymentPending || !h[1].At.Equal(asked.Add(time.Second)) {
+		t.Fatalf("history after asking again: %+v: want pending, then the new attempt's payment_pending", h)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/acme/orders/internal/mono"
 	"github.com/acme/orders/stream"
 )
 
@@ -90,7 +91,7 @@ func (r *Relay) publish(ctx context.Context, events []outboxRow) (acked, duplica
 // the batch's messages one by one without acknowledging each.
 func (r *Relay) atomicAllowed(ctx context.Context) bool {
 	mode := r.atomicMode.Load()
-	if mode == atomicUnknown || mode == atomicOff && time.Since(time.Unix(0, r.atomicChecked.Load())) > atomicRecheck {
+	if mode == atomicUnknown || mode == atomicOff && mono.Since(r.atomicChecked.Load()) > atomicRecheck {
 		s, err := r.js.Stream(ctx, stream.Name)
 		if err != nil {
 			return false // ask again next batch
@@ -105,7 +106,7 @@ func (r *Relay) setAtomicMode(on bool) {
 	if on {
 		mode = atomicOn
 	}
-	r.atomicChecked.Store(time.Now().UnixNano())
+	r.atomicChecked.Store(mono.Now())
 	if r.atomicMode.Swap(mode) != mode {
 		r.logger.Info("relay publish mode", "atomic_batches", on)
 	}

@@ -52,6 +52,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/acme/orders/internal/mono"
 	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/stream"
 )
@@ -212,8 +213,8 @@ type Relay struct {
 	published, duplicates, pruned atomic.Int64
 	atomicBatches, fallbacks      atomic.Int64
 	atomicMode                    atomic.Int32 // atomicUnknown, atomicOn or atomicOff
-	atomicChecked                 atomic.Int64 // when atomicMode was last learned (unix ns)
-	streamRestored                atomic.Int64 // when restoreStream last ensured the stream (unix ns)
+	atomicChecked                 atomic.Int64 // when atomicMode was last learned (mono.Now)
+	streamRestored                atomic.Int64 // when restoreStream last ensured the stream (mono.Now; 0: never)
 }
 
 // worker owns a share of the relay's partitions on its lease connection.
@@ -350,8 +351,8 @@ func streamMissing(err error) bool {
 // unless its settings differ, as at start.
 func (r *Relay) restoreStream(ctx context.Context) {
 	last := r.streamRestored.Load()
-	now := time.Now().UnixNano()
-	if now-last < int64(streamRestoreInterval) || !r.streamRestored.CompareAndSwap(last, now) {
+	now := mono.Now()
+	if last != 0 && now-last < int64(streamRestoreInterval) || !r.streamRestored.CompareAndSwap(last, now) {
 		return
 	}
 	if err := r.ensureStream(ctx); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/acme/orders/internal/mono"
 	"github.com/acme/orders/metrics"
 )
 
@@ -170,7 +171,7 @@ func (l *connLimit) unused(now time.Time) net.Conn {
 			stalled, since = c, w
 		}
 	}
-	if stalled != nil && now.Sub(time.Unix(0, since)) >= stalledAfter {
+	if stalled != nil && mono.Since(since) >= stalledAfter {
 		return stalled
 	}
 	return nil
@@ -240,7 +241,7 @@ type limitedConn struct {
 	l            *connLimit
 	once         sync.Once
 	idle         atomic.Bool  // in l.idle: Accept may close it
-	writingSince atomic.Int64 // unix nanoseconds the write under way began; 0 when none
+	writingSince atomic.Int64 // mono.Now() when the write under way began; 0 when none
 }
 
 // writeChunk is the most Write hands the socket at once, so that the time
@@ -256,7 +257,7 @@ func (c *limitedConn) Write(p []byte) (int, error) {
 	written := 0
 	for len(p) > 0 {
 		chunk := p[:min(len(p), writeChunk)]
-		c.writingSince.Store(time.Now().UnixNano())
+		c.writingSince.Store(mono.Now())
 		n, err := c.Conn.Write(chunk)
 		written += n
 		if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/acme/orders/httpapi"
+	"github.com/acme/orders/internal/mono"
 	"github.com/acme/orders/internal/testenv"
 )
 
@@ -501,7 +502,7 @@ func TestConnLimitClosesAConnectionWhoseClientReadsNothingForANewOne(t *testing.
 		defer l.mu.Unlock()
 		n := 0
 		for c := range l.all {
-			if w := c.writingSince.Load(); w != 0 && time.Since(time.Unix(0, w)) > 100*time.Millisecond {
+			if w := c.writingSince.Load(); w != 0 && mono.Since(w) > 100*time.Millisecond {
 				n++
 			}
 		}

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/acme/orders/health"
+	"github.com/acme/orders/internal/mono"
 	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/postgres"
 	"github.com/acme/orders/projection"
@@ -395,11 +396,11 @@ func serveProjector(ctx context.Context, cfg projectorConfig, pool *pgxpool.Pool
 	mux.Method(http.MethodGet, "/metrics", metrics.Handler(reg))
 	g.Go(func() error { return Serve(gctx, cfg.httpAddr, mux, logger, ProjectorShutdownTimeout) })
 	var stopping atomic.Int64 // when gctx ended (unix ns)
-	stop := context.AfterFunc(gctx, func() { stopping.Store(time.Now().UnixNano()) })
+	stop := context.AfterFunc(gctx, func() { stopping.Store(mono.Now()) })
 	defer stop()
 	err = g.Wait()
 	logger.Info("shutdown: projections stopped (batches in hand committed; their acks go out with the NATS flush)",
-		"duration", time.Since(time.Unix(0, stopping.Load())), "err", err)
+		"duration", mono.Since(stopping.Load()), "err", err)
 	return err // the deferred CloseNATS flushes the last acks
 }
 

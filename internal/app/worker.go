@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/acme/orders/health"
+	"github.com/acme/orders/internal/mono"
 	"github.com/acme/orders/metrics"
 	"github.com/acme/orders/payment"
 	"github.com/acme/orders/postgres"
@@ -242,11 +243,11 @@ func RunWorker(ctx context.Context, args []string, getenv func(string) string, s
 	mux.Method(http.MethodGet, "/metrics", metrics.Handler(reg))
 	g.Go(func() error { return Serve(gctx, *httpAddr, mux, logger, WorkerShutdownTimeout) })
 	var stopping atomic.Int64
-	stop := context.AfterFunc(gctx, func() { stopping.Store(time.Now().UnixNano()) })
+	stop := context.AfterFunc(gctx, func() { stopping.Store(mono.Now()) })
 	defer stop()
 	err = g.Wait()
 	logger.Info("shutdown: payment worker stopped (intents in hand settled; their acks go out with the NATS flush)",
-		"duration", time.Since(time.Unix(0, stopping.Load())), "err", err)
+		"duration", mono.Since(stopping.Load()), "err", err)
 	return err
 }
 

@@ -322,4 +322,19 @@ VALUES ('t1', $1, $2, '\x00', 1, $3::jsonb, $4, $5::jsonb, '{}', now() + interva
 	if !slices.Equal(got, want) {
 		t.Fatalf("order_requests after 024: %q, want %q", got, want)
 	}
+
+	// 025: the pays and refunds that changed nothing (200) too.
+	key("POST /v1/orders/{id}/refund", "refund-under-way", 200, req, `{"ETag":"\"7\""}`)
+	key("POST /v1/orders/{id}/refund", "refund-no-etag", 200, req, `{"Content-Type":"application/json"}`)
+	migrateTo(t, conn, 25)
+	rows, _ = conn.Query(ctx, `SELECT scope || ' ' || idempotency_key || ' ' || version FROM order_requests WHERE order_id = $1 ORDER BY idempotency_key`, order)
+	if got, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, "pay pay-under-way 2", "refund refund-under-way 7")
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("order_requests after 025: %q, want %q", got, want)
+	}
 }

@@ -134,7 +134,9 @@ WITH facts AS (
     UNION ALL
     SELECT tenant_id, (coalesce((refund->>'settled_at')::timestamptz, cancelled_at) AT TIME ZONE 'UTC')::date,
            currency::text, 0, 0, total
-    FROM orders WHERE ` + refundedOrder + `),
+    -- A refund of nothing (a free order paid and cancelled before payments
+    -- went through the provider) is no fact: the projection counts none.
+    FROM orders WHERE ` + refundedOrder + ` AND total > 0),
 expected AS (
     SELECT tenant_id, day, currency, sum(orders)::bigint AS orders, sum(paid) AS paid_amount,
            sum(refunded) AS refunded_amount -- numeric: exact past 2^63, like the read model

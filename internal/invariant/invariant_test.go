@@ -97,3 +97,32 @@ VALUES ('t1', gen_random_uuid(), 'c-1', 'pending', 'EUR', 9223372036854775807, 1
 			"the one whose product passes 2^63, and the one without items", totals)
 	}
 }
+
+// A free order paid and cancelled before payments went through the
+// provider (refund '{}') refunded nothing: daily sales has no row for the
+// day of its cancellation, and the check expects none.
+func TestAFreeOrderCancelledBeforeTheProviderIsNoRefundFact(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	ctx := context.Background()
+	for _, sql := range []string{`
+INSERT INTO orders (tenant_id, id, customer_id, status, currency, total, version, creating_key, created_at, updated_at, paid_at, cancelled_at, cancel_reason, items)
+VALUES ('t1', gen_random_uuid(), 'c-1', 'cancelled', 'CHF', 0, 3, 'k',
+        '2026-10-02T12:00:00Z', '2026-10-03T12:00:00Z', '2026-10-02T12:00:00Z', '2026-10-03T12:00:00Z', 'free',
+        '[{"sku":"s","quantity":1,"unit_price":0,"line_total":0}]')`, `
+INSERT INTO daily_sales (tenant_id, day, currency, orders, paid_amount, refunded_amount)
+VALUES ('t1', '2026-10-02', 'CHF', 1, 0, 0)`} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, err := invariant.Check(ctx, db)
+	if err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	for _, x := range v {
+		if strings.HasPrefix(x.Invariant, "daily sales") {
+			t.Fatalf("a refund of nothing expected in daily sales: %s", x)
+		}
+	}
+}

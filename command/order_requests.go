@@ -33,7 +33,8 @@ SELECT version FROM order_requests WHERE tenant_id = $1 AND order_id = $2 AND sc
 
 // changeKept is changeOrder for a step (scope) sent under the
 // Idempotency-Key key, which the order keeps for good when the step
-// runs, whether it changes the order or not (a refusal keeps nothing). A key it kept before (its key row has expired since: a
+// changes it, or changes nothing while what is under way may still fail
+// (noOpMayRun; a refusal keeps nothing). A key it kept before (its key row has expired since: a
 // live one replays without running the step) is refused with ranBefore,
 // whatever the step would do now: run again, or be refused because the
 // first run changed the order (a version or state it no longer has).
@@ -57,14 +58,20 @@ func changeKept(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, s
 		})
 	})
 	if err == nil && !changed {
-		// A step that changes nothing (a pay while the order is
-		// payment_pending or paid, a refund while one is pending) ran too:
-		// its key is kept at the order's version, so that a retry after
-		// the key's row expired cannot start what this run did not (a
-		// charge attempt, once the attempt in flight was declined). Such
-		// a retry that still changes nothing is answered as this run was.
-		if _, err := tx.Exec(ctx, orderRequestInsertSQL, o.TenantID, o.ID, scope, key, o.Version); err != nil {
-			return domain.Order{}, false, fmt.Errorf("keep the key of a %s of order %s: %w", scope, id, err)
+		// A step that changed nothing ran too. While what is under way can
+		// still fail (a pay while the order is payment_pending, a refund
+		// while one is pending), its key is kept at the order's version, so
+		// that a retry after the key's row expired cannot start what this
+		// run did not (a charge attempt, once the attempt in flight was
+		// declined); such a retry that still changes nothing is answered
+		// as this run was. Otherwise nothing later can make its retry do
+		// more (a paid order is never paid again, a settled refund never
+		// asked again, an update carries If-Match), and keeping the key
+		// would only grow order_requests by one row per request.
+		if noOpMayRun(scope, out) {
+			if _, err := tx.Exec(ctx, orderRequestInsertSQL, o.TenantID, o.ID, scope, key, o.Version); err != nil {
+				return domain.Order{}, false, fmt.Errorf("keep the key of a %s of order %s: %w", scope, id, err)
+			}
 		}
 		return out, false, nil
 	}
@@ -85,6 +92,19 @@ func changeKept(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, s
 	return out, changed, err
 }
 
+// noOpMayRun says whether a step (scope) that changed nothing on order o
+// could start something if sent again later: the attempt or the refund
+// under way may still fail.
+func noOpMayRun(scope string, o domain.Order) bool {
+	switch scope {
+	case requestPay:
+		return o.Status == domain.StatusPaymentPending
+	case requestRefund:
+		return o.Refund.Status == domain.RefundPending
+	}
+	return false
+}
+
 // keptRequest returns the version the step scope under key made of order
 // id, if the order kept that key.
 func keptRequest(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, scope, key string) (version int64, found bool, err error) {
@@ -103,7 +123,7 @@ func keptRequest(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, 
 func ranBefore(o domain.Order, scope string, version int64) error {
 	return &domain.Error{
 		Kind: domain.KindConflict,
-		Message: fmt.Sprintf("this Idempotency-Key already ran a %s of this order, which made its version %d; its key record has expired, so that response cannot be replayed: read the order",
+		Message: fmt.Sprintf("this Idempotency-Key already ran a %s of this order, at its version %d; its key record has expired, so that response cannot be replayed: read the order",
 			scope, version),
 		ResourceID: o.ID.String(),
 		State:      string(o.Status),

@@ -213,6 +213,15 @@ func TestALateRetryOfAStepThatChangedNothingStartsNoAttempt(t *testing.T) {
 		t.Fatalf("pay: %d %s", r.status, r.body)
 	}
 	a.charge(t, paid.ID, true)
+	// A pay of a paid order changes nothing, and nothing later can make
+	// its retry start an attempt: its key is not kept (no row per request).
+	if r := step(paid.ID, "pay", "noop-pay-paid", ""); r.status != 200 {
+		t.Fatalf("pay of a paid order: %d %s", r.status, r.body)
+	}
+	var kept int
+	if err := a.db.QueryRow(context.Background(), `SELECT count(*) FROM order_requests WHERE idempotency_key = 'noop-pay-paid'`).Scan(&kept); err != nil || kept != 0 {
+		t.Fatalf("a pay of a paid order kept %d order_requests rows (%v), want none", kept, err)
+	}
 	if r := step(paid.ID, "cancel", "noop-cancel", `{"reason":"ordered twice"}`); r.status != 200 {
 		t.Fatalf("cancel: %d %s", r.status, r.body)
 	}

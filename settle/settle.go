@@ -71,6 +71,13 @@ const (
 	// DefaultMaxDeliver is how many deliveries an intent gets before it is
 	// dead-lettered.
 	DefaultMaxDeliver = 10
+	// MaxAckWait and MaxMaxDeliver bound Config.AckWait and
+	// Config.MaxDeliver, as the projector's are bounded: the time a
+	// failure is remembered adds up the ack wait and the backoffs, and far
+	// past these it would wrap time.Duration negative (failures forgotten
+	// at once, an intent never dead-lettered).
+	MaxAckWait    = time.Hour
+	MaxMaxDeliver = 10_000
 	// DefaultMinBackoff and DefaultMaxBackoff bound the delay of the next
 	// try after a transient failure (doubling per failure): parked that
 	// long (park.go), or handed back for that long if its park fails.
@@ -250,10 +257,10 @@ func (c *Config) setDefaults() error {
 	switch {
 	case c.Concurrency < 1 || c.Concurrency > 256:
 		return fmt.Errorf("settle: Config.Concurrency must be 1 to 256, got %d", c.Concurrency)
-	case c.AckWait < time.Second:
-		return fmt.Errorf("settle: Config.AckWait must be at least 1s, got %s", c.AckWait)
-	case c.MaxDeliver < 1:
-		return fmt.Errorf("settle: Config.MaxDeliver must be at least 1, got %d", c.MaxDeliver)
+	case c.AckWait < time.Second || c.AckWait > MaxAckWait:
+		return fmt.Errorf("settle: Config.AckWait must be 1s to %s, got %s", MaxAckWait, c.AckWait)
+	case c.MaxDeliver < 1 || c.MaxDeliver > MaxMaxDeliver:
+		return fmt.Errorf("settle: Config.MaxDeliver must be 1 to %d, got %d", MaxMaxDeliver, c.MaxDeliver)
 	case c.MinBackoff < 0 || c.MaxBackoff < c.MinBackoff:
 		return fmt.Errorf("settle: Config.MinBackoff (%s) and MaxBackoff (%s) must satisfy 0 ≤ min ≤ max", c.MinBackoff, c.MaxBackoff)
 	case c.MaxAckPending < 1:

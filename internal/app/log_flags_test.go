@@ -62,6 +62,8 @@ func TestMistypedOrZeroSettingsAreRefusedAtStart(t *testing.T) {
 		{RunWorker, "worker", "DB_POOL_SIZE", "2147483648", "-db-pool-size"},
 		{RunProjector, "projector", "PROJECTOR_MAX_DELIVER", "200000000", "-max-deliver"},
 		{RunProjector, "projector", "PROJECTOR_ACK_WAIT", "1000000h", "-ack-wait"},
+		{RunWorker, "worker", "WORKER_ACK_WAIT", "2000000h", "AckWait"},
+		{RunWorker, "worker", "WORKER_MAX_DELIVER", "200000000", "MaxDeliver"},
 	} {
 		err := tt.run(context.Background(), []string{tt.name}, func(k string) string {
 			if k == tt.key {

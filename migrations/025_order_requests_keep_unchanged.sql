@@ -1,9 +1,11 @@
--- Keys of pays and refunds answered 200 (they changed nothing: another
--- key's attempt or refund was under way) are kept too, as the api keeps
--- them from this release on (command/order_requests.go): 024 kept only the
--- 202s, so a retry of such a key after its row expired, once that attempt
--- was declined or that refund failed, started an attempt the first run had
--- not. The version is the one its stored ETag names, the order's when it
+-- Keys of pays and refunds answered 200 (they changed nothing) are kept
+-- too: the api keeps those answered while another key's attempt or refund
+-- was under way from this release on (command/order_requests.go), and 024
+-- kept only the 202s, so a retry of such a key after its row expired, once
+-- that attempt was declined or that refund failed, started an attempt the
+-- first run had not. Which of them were answered while something was under
+-- way cannot be told here, so every one is kept: at most the live keys, a
+-- day's. The version is the one its stored ETag names, the order's when it
 -- ran, as the api keeps it; 024's filters and its exemption from the
 -- statement timeout, for the same reasons.
 SET LOCAL statement_timeout = 0;

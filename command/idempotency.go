@@ -638,6 +638,11 @@ func (s *Idempotency) replay(k storedKey, req KeyedRequest, fp, canonical []byte
 			// version: the same request, whatever If-Match says now.
 			differ = slices.DeleteFunc(differ, func(f string) bool { return f == "expected_version" })
 		}
+		if !hasField(k.request, "payment_method") && topLevel(canonical)["payment_method"] == domain.DefaultPaymentMethod {
+			// A pay stored before it named a payment method: it ran as
+			// one without a method runs now, with the default.
+			differ = slices.DeleteFunc(differ, func(f string) bool { return f == "payment_method" })
+		}
 		same = len(differ) == 0
 	}
 	if !same {

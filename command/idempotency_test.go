@@ -512,3 +512,36 @@ func TestAVersion1KeyOfAStepReplaysWithIfMatch(t *testing.T) {
 		t.Fatalf("a PATCH on another version, key of version 1: %v; want a mismatch on expected_version", err)
 	}
 }
+
+// A pay stored before pays named a payment method (its canonical request
+// has none) ran as a pay without a method runs now: its retry, which now
+// carries the default method, replays; one naming another method is still
+// refused, on payment_method alone.
+func TestAPayKeyStoredBeforePaymentMethodsReplays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
+	order := uuid.Must(uuid.NewV7())
+	exec := func(context.Context, pgx.Tx) (command.Response, error) {
+		return command.Response{Status: 200, Body: []byte(`{"status":"paid"}`)}, nil
+	}
+	pay := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders/{id}/pay", Key: "old-pay",
+		Command: command.PayOrder{OrderID: order, PaymentMethod: domain.DefaultPaymentMethod}}
+	if _, err := idem.Do(ctx, pay, time.Second, exec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET fingerprint = '\xdead', fingerprint_version = 1,
+    request = jsonb_build_object('order_id', $1::text)`, order); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := idem.Do(ctx, pay, time.Second, nil); err != nil || !res.Replayed {
+		t.Fatalf("the same pay, key stored before payment methods: %+v %v; want a replay", res, err)
+	}
+	other := pay
+	other.Command = command.PayOrder{OrderID: order, PaymentMethod: "pm_card_chargeDeclined"}
+	var mismatch *command.MismatchError
+	if _, err := idem.Do(ctx, other, time.Second, nil); !errors.As(err, &mismatch) || !slices.Equal(mismatch.Fields, []string{"payment_method"}) {
+		t.Fatalf("a pay naming another method, key stored before payment methods: %v; want a mismatch on payment_method", err)
+	}
+}

@@ -467,6 +467,28 @@ func TestAWaitBoundPastLockTimeoutsRangeIsClamped(t *testing.T) {
 	}
 }
 
+// storeAsVersion1 runs req under its key (answered 200 with body) and then
+// makes its stored row one of fingerprint version 1, as a release before
+// wrote it: the fingerprint is no longer comparable, and set (SQL
+// assignments, $1 and on bound to args) may rewrite more of it.
+func storeAsVersion1(t *testing.T, db *pgxpool.Pool, idem *command.Idempotency, req command.KeyedRequest, body, set string, args ...any) {
+	t.Helper()
+	ctx := context.Background()
+	exec := func(context.Context, pgx.Tx) (command.Response, error) {
+		return command.Response{Status: 200, Body: []byte(body)}, nil
+	}
+	if _, err := idem.Do(ctx, req, time.Second, exec); err != nil {
+		t.Fatal(err)
+	}
+	args = append(args, req.Key)
+	if set != "" {
+		set = ", " + set
+	}
+	if _, err := db.Exec(ctx, fmt.Sprintf(`UPDATE idempotency_keys SET fingerprint = '\xdead', fingerprint_version = 1%s WHERE key = $%d`, set, len(args)), args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A pay, ship or cancel key stored by version 1, which ignored If-Match
 // (its canonical request has no expected_version), replays for the same
 // request sent with If-Match now; a PATCH's stored expected_version still
@@ -477,17 +499,9 @@ func TestAVersion1KeyOfAStepReplaysWithIfMatch(t *testing.T) {
 	db := testenv.DB(t)
 	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
 	order := uuid.Must(uuid.NewV7())
-	exec := func(context.Context, pgx.Tx) (command.Response, error) {
-		return command.Response{Status: 200, Body: []byte(`{"status":"cancelled"}`)}, nil
-	}
 	stored := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders/{id}/cancel", Key: "k",
 		Command: command.CancelOrder{OrderID: order, Reason: "r"}}
-	if _, err := idem.Do(ctx, stored, time.Second, exec); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET fingerprint = '\xdead', fingerprint_version = 1`); err != nil {
-		t.Fatal(err)
-	}
+	storeAsVersion1(t, db, idem, stored, `{"status":"cancelled"}`, "")
 	retry := stored
 	retry.Command = command.CancelOrder{OrderID: order, Reason: "r", ExpectedVersion: 2}
 	if res, err := idem.Do(ctx, retry, time.Second, nil); err != nil || !res.Replayed {
@@ -501,12 +515,7 @@ func TestAVersion1KeyOfAStepReplaysWithIfMatch(t *testing.T) {
 
 	patch := command.KeyedRequest{TenantID: "t1", Scope: "PATCH /v1/orders/{id}", Key: "p",
 		Command: command.UpdateOrder{OrderID: order, ExpectedVersion: 1}}
-	if _, err := idem.Do(ctx, patch, time.Second, exec); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET fingerprint = '\xdead', fingerprint_version = 1 WHERE key = 'p'`); err != nil {
-		t.Fatal(err)
-	}
+	storeAsVersion1(t, db, idem, patch, `{"status":"cancelled"}`, "")
 	patch.Command = command.UpdateOrder{OrderID: order, ExpectedVersion: 2}
 	if _, err := idem.Do(ctx, patch, time.Second, nil); !errors.As(err, &mismatch) || !slices.Equal(mismatch.Fields, []string{"expected_version"}) {
 		t.Fatalf("a PATCH on another version, key of version 1: %v; want a mismatch on expected_version", err)
@@ -523,18 +532,9 @@ func TestAPayKeyStoredBeforePaymentMethodsReplays(t *testing.T) {
 	db := testenv.DB(t)
 	idem := newIdem(t, db, command.IdempotencyConfig{TTL: time.Hour})
 	order := uuid.Must(uuid.NewV7())
-	exec := func(context.Context, pgx.Tx) (command.Response, error) {
-		return command.Response{Status: 200, Body: []byte(`{"status":"paid"}`)}, nil
-	}
 	pay := command.KeyedRequest{TenantID: "t1", Scope: "POST /v1/orders/{id}/pay", Key: "old-pay",
 		Command: command.PayOrder{OrderID: order, PaymentMethod: domain.DefaultPaymentMethod}}
-	if _, err := idem.Do(ctx, pay, time.Second, exec); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET fingerprint = '\xdead', fingerprint_version = 1,
-    request = jsonb_build_object('order_id', $1::text)`, order); err != nil {
-		t.Fatal(err)
-	}
+	storeAsVersion1(t, db, idem, pay, `{"status":"paid"}`, "request = jsonb_build_object('order_id', $1::text)", order)
 	if res, err := idem.Do(ctx, pay, time.Second, nil); err != nil || !res.Replayed {
 		t.Fatalf("the same pay, key stored before payment methods: %+v %v; want a replay", res, err)
 	}

@@ -55,7 +55,7 @@ func (h PayOrderHandler) Run(ctx context.Context, idem *Idempotency, req OrderRe
 }
 
 func (h PayOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd PayOrder) (domain.Order, bool, error) {
-	return changeKept(ctx, tx, cmd.TenantID, cmd.OrderID, requestPay, cmd.Key, func(o *domain.Order) (domain.Event, error) {
+	return changeKept(ctx, tx, cmd.TenantID, cmd.OrderID, requestPay, cmd.Key, cmd.ExpectedVersion != 0, func(o *domain.Order) (domain.Event, error) {
 		if err := checkExpected(o, cmd.ExpectedVersion); err != nil {
 			return nil, err
 		}

@@ -48,7 +48,7 @@ func (h RefundOrderHandler) Run(ctx context.Context, idem *Idempotency, req Orde
 }
 
 func (h RefundOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd RefundOrder) (domain.Order, bool, error) {
-	return changeKept(ctx, tx, cmd.TenantID, cmd.OrderID, requestRefund, cmd.Key, func(o *domain.Order) (domain.Event, error) {
+	return changeKept(ctx, tx, cmd.TenantID, cmd.OrderID, requestRefund, cmd.Key, cmd.ExpectedVersion != 0, func(o *domain.Order) (domain.Event, error) {
 		if err := checkExpected(o, cmd.ExpectedVersion); err != nil {
 			return nil, err
 		}

@@ -45,7 +45,7 @@ func (h UpdateOrderHandler) Run(ctx context.Context, idem *Idempotency, req Orde
 }
 
 func (h UpdateOrderHandler) handle(ctx context.Context, tx pgx.Tx, cmd UpdateOrder) (domain.Order, bool, error) {
-	return changeKept(ctx, tx, cmd.TenantID, cmd.OrderID, requestUpdate, cmd.Key, func(o *domain.Order) (domain.Event, error) {
+	return changeKept(ctx, tx, cmd.TenantID, cmd.OrderID, requestUpdate, cmd.Key, cmd.ExpectedVersion != 0, func(o *domain.Order) (domain.Event, error) {
 		return o.Update(cmd.Patch, cmd.ExpectedVersion, h.now())
 	})
 }

@@ -231,4 +231,53 @@ func TestALateRetryOfAStepThatChangedNothingStartsNoAttempt(t *testing.T) {
 	testenv.SettleRefund(t, a.db, uuid.MustParse(paid.ID), false)
 	expireKeys()
 	late(paid.ID, "refund", "noop-refund", "", "refund.requested")
+
+	// An update that changed nothing, and a pay with If-Match of a paid
+	// order: once the order moved on, their late retries fail If-Match.
+	// They are told their key ran (409, never stored), not 412 "not
+	// applied", which would be stored and replayed for a day.
+	edited := decodeOrder(t, a.post(t, "noop-create-3", validBody))
+	patch := func(key string, version int64, note string) response {
+		return a.do(t, http.MethodPatch, "/v1/orders/"+edited.ID, map[string]string{"Idempotency-Key": key, "If-Match": `"` + strconv.FormatInt(version, 10) + `"`},
+			`{"note":"`+note+`"}`)
+	}
+	if r := patch("noop-patch-first", edited.Version, "a"); r.status != 200 {
+		t.Fatalf("patch: %d %s", r.status, r.body)
+	}
+	if r := patch("noop-patch", edited.Version+1, "a"); r.status != 200 || decodeOrder(t, r).Version != edited.Version+1 {
+		t.Fatalf("patch that changes nothing: %d %s", r.status, r.body)
+	}
+	if r := patch("noop-patch-other", edited.Version+1, "b"); r.status != 200 {
+		t.Fatalf("another patch: %d %s", r.status, r.body)
+	}
+	shipped := decodeOrder(t, a.post(t, "noop-create-4", validBody))
+	if r := step(shipped.ID, "pay", "noop-pay-4", ""); r.status != 202 {
+		t.Fatalf("pay: %d %s", r.status, r.body)
+	}
+	a.charge(t, shipped.ID, true)
+	paidAt := shipped.Version + 2
+	payIfMatch := func(key string, version int64) response {
+		return a.do(t, http.MethodPost, "/v1/orders/"+shipped.ID+"/pay", map[string]string{"Idempotency-Key": key, "If-Match": `"` + strconv.FormatInt(version, 10) + `"`}, "")
+	}
+	if r := payIfMatch("noop-pay-if-match", paidAt); r.status != 200 {
+		t.Fatalf("pay with If-Match of a paid order: %d %s", r.status, r.body)
+	}
+	if r := step(shipped.ID, "ship", "noop-ship", ""); r.status != 200 {
+		t.Fatalf("ship: %d %s", r.status, r.body)
+	}
+	expireKeys()
+	for _, tc := range []struct {
+		what string
+		r    func() response
+	}{
+		{"update that changed nothing", func() response { return patch("noop-patch", edited.Version+1, "a") }},
+		{"pay with If-Match that changed nothing", func() response { return payIfMatch("noop-pay-if-match", paidAt) }},
+	} {
+		for range 2 {
+			r := tc.r()
+			if r.status != http.StatusConflict || r.header.Get("Idempotent-Replayed") != "" || !strings.Contains(decodeProblem(t, r).Detail, "expired") {
+				t.Fatalf("late retry of the %s, the order moved on: %d %v %s; want 409 (its key ran), not stored", tc.what, r.status, r.header, r.body)
+			}
+		}
+	}
 }

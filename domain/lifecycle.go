@@ -58,12 +58,21 @@ func (o Order) History() []StatusChange {
 }
 
 // Ship records the shipping of a paid order. It returns a nil event when the
-// order was shipped before, and a KindConflict error when it is pending or
-// cancelled.
+// order was shipped before, and a KindConflict error when it is not paid;
+// for a payment_pending order one with RetryAfter, as Cancel's: the payment
+// settles by itself, so the refusal holds only for now (not stored under
+// the request's key, whose retry then ships a paid order).
 func (o *Order) Ship(now time.Time) (Event, error) {
 	switch o.Status {
 	case StatusShipped:
 		return nil, nil
+	case StatusPaymentPending:
+		return nil, &Error{
+			Kind:       KindConflict,
+			Message:    "cannot ship an order that is payment_pending: its payment is in progress; retry after it settles",
+			State:      string(o.Status),
+			RetryAfter: PaymentSettleRetryAfter,
+		}
 	case StatusPaid:
 		o.ShippedAt = &now
 		return OrderShipped{o.transition(StatusShipped, now)}, nil

@@ -104,9 +104,14 @@ func TestPayOverHTTP(t *testing.T) {
 		!strings.Contains(string(r.body), `"current_status":"payment_pending"`) || r.header.Get("Retry-After") != "1" {
 		t.Fatalf("cancel of a payment_pending order: %d %v %s", r.status, r.header, r.body)
 	}
+	// So is shipping it: once the payment settles, the same key ships.
+	if r := a.do(t, http.MethodPost, path+"/ship", map[string]string{"Idempotency-Key": "ship-early"}, ""); r.status != 409 ||
+		!strings.Contains(string(r.body), `"current_status":"payment_pending"`) || r.header.Get("Retry-After") != "1" {
+		t.Fatalf("ship of a payment_pending order: %d %v %s", r.status, r.header, r.body)
+	}
 	var stored int
-	if err := a.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE key = 'cancel-1'`).Scan(&stored); err != nil || stored != 0 {
-		t.Fatalf("the refusal for now was stored under its key: %d rows (%v)", stored, err)
+	if err := a.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE key IN ('cancel-1', 'ship-early')`).Scan(&stored); err != nil || stored != 0 {
+		t.Fatalf("the refusals for now were stored under their keys: %d rows (%v)", stored, err)
 	}
 
 	// Declined: payment_failed; paying again starts attempt 2 with a new key.

@@ -157,7 +157,7 @@ func refusal(r *http.Request, err error) (command.Response, error) {
 		return command.Response{}, err
 	}
 	p := problemFor(err)
-	p.Instance = r.URL.Path
+	p.Instance = r.URL.EscapedPath() // a URI reference (RFC 9457): the path as sent, not decoded
 	p.RequestID = requestID(r.Context())
 	h := map[string]string{"Content-Type": "application/problem+json"}
 	if p.ResourceID != "" {

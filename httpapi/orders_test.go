@@ -158,6 +158,7 @@ type problemJSON struct {
 	Title            string `json:"title"`
 	Status           int    `json:"status"`
 	Detail           string `json:"detail"`
+	Instance         string `json:"instance"`
 	MismatchedFields []string
 	Errors           []struct{ Field, Detail string }
 }
@@ -529,5 +530,23 @@ func TestPayShipCancelKeepTheirIfMatch(t *testing.T) {
 	}
 	if _, status := version(other); status != "cancelled" {
 		t.Fatalf("order %s after the cancel, want cancelled", status)
+	}
+}
+
+// A problem's instance is a URI reference (RFC 9457): the path as it was
+// sent, escapes kept. Decoded, "%2F" named another resource, "%3F" began a
+// query and "%C3%A9" was not a URI at all.
+func TestAProblemsInstanceIsThePathAsSent(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	for _, path := range []string{"/v1/customers/a%2Fb/summary", "/v1/customers/%C3%A9/summary?min_position=x", "/v1/idempotency-keys/a%3Fb%20c%23d", "/v1/orders/%2E%2E%2Fx"} {
+		r := a.do(t, http.MethodGet, path, nil, "")
+		if r.status < 400 {
+			t.Fatalf("GET %s: %d, want a problem", path, r.status)
+		}
+		want, _, _ := strings.Cut(path, "?")
+		if p := decodeProblem(t, r); p.Instance != want {
+			t.Errorf("GET %s: instance %q, want %q", path, p.Instance, want)
+		}
 	}
 }

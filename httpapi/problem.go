@@ -223,7 +223,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, logger *slog.Logger, p
 			logger.ErrorContext(r.Context(), "request failed", "request_id", requestID(r.Context()), "method", r.Method, "path", r.URL.Path, "err", cause)
 		}
 	}
-	p.Instance = r.URL.Path
+	p.Instance = r.URL.EscapedPath() // a URI reference (RFC 9457): the path as sent, not decoded
 	p.RequestID = requestID(r.Context())
 	for k, v := range p.header {
 		w.Header()[k] = v

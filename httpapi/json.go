@@ -228,6 +228,11 @@ func notAnObject(c byte) *Problem {
 		got = ", not a boolean"
 	case c == '-' || ('0' <= c && c <= '9'):
 		got = ", not a number"
+	case c == 0xEF:
+		// Most likely a UTF-8 byte order mark (EF BB BF), which some
+		// serializers write first: JSON text has none (RFC 8259, 8.1).
+		return problem(http.StatusBadRequest, "malformed-request", "Malformed request body",
+			"The body begins with byte 0xEF, most likely a UTF-8 byte order mark, which JSON text may not have (RFC 8259, 8.1); send the JSON object without it.")
 	default:
 		return problem(http.StatusBadRequest, "malformed-request", "Malformed request body",
 			fmt.Sprintf("The body is not valid JSON (it begins with %q); send a JSON object.", c))

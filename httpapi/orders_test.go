@@ -550,3 +550,17 @@ func TestAProblemsInstanceIsThePathAsSent(t *testing.T) {
 		}
 	}
 }
+
+// A body that begins with a UTF-8 byte order mark is refused with a detail
+// that says so (it read "it begins with 'ï'"), and stores nothing.
+func TestABodyWithAByteOrderMarkIsToldSo(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	r := a.post(t, "bom-1", "\xEF\xBB\xBF"+validBody)
+	if p := decodeProblem(t, r); r.status != http.StatusBadRequest || !strings.Contains(p.Detail, "byte order mark") {
+		t.Fatalf("a body with a byte order mark: %d %q", r.status, p.Detail)
+	}
+	if keys, orders, _, _ := a.counts(t); keys != 0 || orders != 0 {
+		t.Fatalf("a refused body stored %d keys, %d orders", keys, orders)
+	}
+}

@@ -37,7 +37,9 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	for _, ce := range r.Header.Values("Content-Encoding") {
 		if ce = strings.TrimSpace(ce); ce != "" && !strings.EqualFold(ce, "identity") {
 			// Read as it is, a compressed body was refused as malformed
-			// and a mislabelled one taken (RFC 9110, 8.4: 415).
+			// and a mislabelled one taken (RFC 9110, 8.4: 415, with the
+			// codings taken: none).
+			w.Header().Set("Accept-Encoding", "identity")
 			return problem(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 				"Send the body without Content-Encoding (got "+strconv.Quote(ce)+"); compression is not supported.")
 		}
@@ -51,6 +53,12 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, params, err := mime.ParseMediaType(ct)
 		if err != nil || !jsonMediaType(r.Method, mt) {
+			if r.Method == http.MethodPatch {
+				// The patch formats taken (RFC 5789, 2.2).
+				w.Header().Set("Accept-Patch", "application/merge-patch+json, application/json")
+				return problem(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+					"Send the patch as application/merge-patch+json or application/json.")
+			}
 			return problem(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 				"Send the body as application/json.")
 		}

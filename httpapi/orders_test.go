@@ -564,3 +564,21 @@ func TestABodyWithAByteOrderMarkIsToldSo(t *testing.T) {
 		t.Fatalf("a refused body stored %d keys, %d orders", keys, orders)
 	}
 }
+
+// A 415 says what would be taken: a PATCH's formats in Accept-Patch (RFC
+// 5789, 2.2), a body's codings in Accept-Encoding (RFC 9110, 15.5.16).
+func TestA415SaysWhatWouldBeTaken(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	created := decodeOrder(t, a.post(t, "415-create", validBody))
+	r := a.do(t, http.MethodPatch, "/v1/orders/"+created.ID, map[string]string{"Idempotency-Key": "415-patch", "If-Match": `"1"`,
+		"Content-Type": "application/json-patch+json"}, `[{"op":"replace","path":"/note","value":"x"}]`)
+	if p := decodeProblem(t, r); r.status != http.StatusUnsupportedMediaType || r.header.Get("Accept-Patch") != "application/merge-patch+json, application/json" ||
+		!strings.Contains(p.Detail, "merge-patch") {
+		t.Fatalf("PATCH as json-patch: %d Accept-Patch %q, %q", r.status, r.header.Get("Accept-Patch"), p.Detail)
+	}
+	r = a.do(t, http.MethodPost, "/v1/orders", map[string]string{"Idempotency-Key": "415-gzip", "Content-Encoding": "gzip"}, validBody)
+	if r.status != http.StatusUnsupportedMediaType || r.header.Get("Accept-Encoding") != "identity" {
+		t.Fatalf("a gzip body: %d Accept-Encoding %q", r.status, r.header.Get("Accept-Encoding"))
+	}
+}

@@ -91,6 +91,7 @@ func TestLifecycleOverHTTP(t *testing.T) {
 		{[]string{`"3"`, `"9"`}, http.StatusPreconditionFailed},
 		{[]string{`"3", "9"`}, http.StatusPreconditionFailed},
 		{[]string{"", " "}, http.StatusPreconditionRequired},
+		{[]string{"*"}, http.StatusPreconditionRequired}, // true for any version: names none
 	} {
 		tags := tt.tags
 		req, _ := http.NewRequest(http.MethodPatch, a.url+"/v1/orders/"+created.ID, strings.NewReader(patch))

@@ -360,9 +360,12 @@ func ifMatchVersion(r *http.Request) (int64, *Problem) {
 		}
 	}
 	v := strings.Join(tags, ", ")
-	if v == "" {
+	if v == "" || v == "*" {
+		// "*" holds for any version (RFC 9110, 13.1.1), which is what a
+		// required If-Match exists to rule out: still 428, not a 412 for
+		// a condition that is true.
 		return 0, problem(http.StatusPreconditionRequired, "if-match-required", "If-Match required",
-			`Send If-Match with the ETag of the order version you are changing, e.g. If-Match: "3".`)
+			`Send If-Match with the ETag of the order version you are changing, e.g. If-Match: "3" (not "*", which names no version).`)
 	}
 	// Strong comparison (RFC 9110, 8.8.3.2): the tag must be the ETag's
 	// exact text, so "01" or "+1" is not "1".

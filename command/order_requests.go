@@ -34,7 +34,7 @@ SELECT version FROM order_requests WHERE tenant_id = $1 AND order_id = $2 AND sc
 // changeKept is changeOrder for a step (scope) sent under the
 // Idempotency-Key key, which the order keeps for good when the step
 // changes it, or changes nothing where a later retry would be answered
-// otherwise (noOpMayRun; conditional: the step carried If-Match; a refusal
+// otherwise (keepsNoOpKey; conditional: the step carried If-Match; a refusal
 // keeps nothing). A key it kept before (its key row has expired since: a
 // live one replays without running the step) is refused with ranBefore,
 // whatever the step would do now: run again, or be refused because the
@@ -61,14 +61,14 @@ func changeKept(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, s
 	if err == nil && !changed {
 		// A step that changed nothing ran too. Its key is kept at the
 		// order's version when a retry after the key's row expired could
-		// otherwise do what this run did not (noOpMayRun): start a charge
+		// otherwise do what this run did not (keepsNoOpKey): start a charge
 		// attempt once the one under way was declined, or be refused 412
 		// (stored for a day) for an If-Match this run met; such a retry
 		// that still changes nothing is answered as this run was. A pay
 		// of a paid order or a refund asked again of a settled one,
 		// without If-Match, keeps nothing: no retry of it can do more, and
 		// keeping it would grow order_requests by a row per request.
-		if noOpMayRun(scope, out, conditional) {
+		if keepsNoOpKey(scope, out, conditional) {
 			if _, err := tx.Exec(ctx, orderRequestInsertSQL, o.TenantID, o.ID, scope, key, o.Version); err != nil {
 				return domain.Order{}, false, fmt.Errorf("keep the key of a %s of order %s: %w", scope, id, err)
 			}
@@ -92,12 +92,13 @@ func changeKept(ctx context.Context, tx pgx.Tx, tenantID string, id uuid.UUID, s
 	return out, changed, err
 }
 
-// noOpMayRun says whether a step (scope) that changed nothing on order o,
-// sent with If-Match (conditional) or not, would be answered otherwise if
-// sent again later: an update, or a step with If-Match, once the order
-// moved on (a 412 saying it did not run); a pay or a refund while the
-// attempt or the refund under way may still fail (it would start one).
-func noOpMayRun(scope string, o domain.Order, conditional bool) bool {
+// keepsNoOpKey says whether the key of a step (scope) that changed nothing
+// on order o, sent with If-Match (conditional) or not, is kept: whether the
+// step would be answered otherwise if sent again later. An update, or a
+// step with If-Match, would be once the order moved on (a 412 saying it
+// did not run); a pay or a refund while the attempt or the refund under
+// way may still fail (it would start one).
+func keepsNoOpKey(scope string, o domain.Order, conditional bool) bool {
 	switch {
 	case conditional, scope == requestUpdate:
 		return true

@@ -113,16 +113,16 @@ func DeadLetterProjection(ctx context.Context, db postgres.DB, id int64) (string
 // that long, and called a parked event's predecessor missing while it was
 // still being redelivered.
 func storedEvents(ctx context.Context, tx pgx.Tx, clause string, args ...any) ([]*event, error) {
-	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries,
-    (extract(epoch FROM now() - created_at) * 1e6)::bigint FROM dead_letters WHERE `+clause, args...)
+	rows, _ := tx.Query(ctx, `SELECT id, subject, payload, stream_seq, deliveries, now() - created_at FROM dead_letters WHERE `+clause, args...)
 	var events []*event
-	var id, seq, ageMicros int64
+	var id, seq int64
+	var age time.Duration
 	var deliveries int32
 	var subject string
 	var payload []byte
-	if _, err := pgx.ForEachRow(rows, []any{&id, &subject, &payload, &seq, &deliveries, &ageMicros}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&id, &subject, &payload, &seq, &deliveries, &age}, func() error {
 		events = append(events, &event{deadID: id, subject: subject, data: payload, seq: uint64(seq),
-			deliveries: uint64(deliveries), parkedFor: time.Duration(ageMicros) * time.Microsecond})
+			deliveries: uint64(deliveries), parkedFor: age})
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("read dead letters: %w", err)
